@@ -1,0 +1,41 @@
+# One install path for a fresh machine: `make demo` and `make test` install whatever is missing first.
+#   TF_SPEC     the TensorFlow requirement (GPU machines: TF_SPEC='tensorflow[and-cuda]==2.21.0')
+#   PYTHON      the interpreter used to create .venv
+PYTHON ?= python3
+TF_SPEC ?= tensorflow-cpu==2.21.0
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.hvdkeras-installed
+PYTEST_ARGS ?=
+
+.PHONY: install test test-fast demo bench lint clean
+
+install: $(STAMP)
+
+$(STAMP): setup.cfg pyproject.toml scripts/install_horovod.sh Makefile
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip setuptools wheel
+	$(PY) -m pip install --quiet "$(TF_SPEC)" "keras>=3.0,<4" numpy
+	bash scripts/install_horovod.sh $(PY)
+	$(PY) -m pip install --quiet -e ".[test,examples,dev]"
+	$(VENV)/bin/horovodrun --check-build
+	touch $(STAMP)
+
+test: install
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+test-fast: install
+	$(PY) -m pytest -m "not multiworker" $(PYTEST_ARGS)
+
+demo: install
+	$(VENV)/bin/horovodrun -np 2 -H localhost:2 --gloo $(PY) examples/smoke_train.py
+
+bench: install
+	$(PY) -m pip install --quiet -e ".[bench]"
+	$(PY) benchmarks/run_benchmarks.py
+
+lint: install
+	$(VENV)/bin/ruff check .
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache

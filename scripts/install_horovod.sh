@@ -1,0 +1,90 @@
+#!/usr/bin/env bash
+# Build and install Horovod 0.28.1 into the given Python environment, with TensorFlow + Gloo
+# (and NCCL where a CUDA build of TensorFlow and NCCL are present).
+#
+# Why this script exists: `pip install horovod==0.28.1` (the last release) does not build against
+# TensorFlow >= 2.16 wheels. horovod/tensorflow/xla_mpi_ops.cc includes XLA headers that TensorFlow's
+# wheel no longer ships (highwayhash/arch_specific.h, farmhash.h, and
+# tensorflow/compiler/xla/client/xla_builder.h, which moved). That one source only provides Horovod's
+# XLA custom calls for `jit_compile=True` graphs, which hvdkeras never uses (it keeps every collective
+# outside XLA-compiled code), so we drop it from the TensorFlow source list and build the rest.
+#
+# The built wheel is cached (key: Horovod version, TensorFlow version, Python tag, GPU ops), so a second
+# install of a fresh venv takes seconds instead of minutes.
+#
+# Usage: scripts/install_horovod.sh PYTHON
+# Environment:
+#   HVDKERAS_CACHE_DIR      wheel cache (default: ${XDG_CACHE_HOME:-$HOME/.cache}/hvdkeras)
+#   HOROVOD_GPU_OPERATIONS  force NCCL (or empty to force CPU-only); detected when unset
+set -euo pipefail
+
+PY=${1:?usage: install_horovod.sh PYTHON}
+HVD_VERSION=0.28.1
+CACHE_DIR=${HVDKERAS_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/hvdkeras}
+
+die() { echo "install_horovod.sh: error: $*" >&2; exit 1; }
+
+command -v cmake >/dev/null || die "cmake is required to build Horovod (apt-get install cmake)"
+command -v g++ >/dev/null || die "g++ is required to build Horovod (apt-get install g++)"
+
+TF_VERSION=$("$PY" -c 'import tensorflow as tf; print(tf.__version__)' 2>/dev/null) \
+  || die "TensorFlow must be installed in $PY before Horovod is built"
+TF_CUDA=$("$PY" -c 'import tensorflow as tf; print(int(tf.test.is_built_with_cuda()))' 2>/dev/null)
+PY_TAG=$("$PY" -c 'import sys; print(f"cp{sys.version_info[0]}{sys.version_info[1]}")')
+
+# NCCL for GPU allreduce: only when TensorFlow itself is a CUDA build and NCCL can be found.
+# (This cannot be exercised on a CPU-only machine; set HOROVOD_GPU_OPERATIONS=NCCL to force it.)
+if [ -z "${HOROVOD_GPU_OPERATIONS+set}" ]; then
+  HOROVOD_GPU_OPERATIONS=
+  if [ "$TF_CUDA" = 1 ] && { [ -n "${HOROVOD_NCCL_HOME:-}" ] || ldconfig -p 2>/dev/null | grep -q libnccl; }; then
+    HOROVOD_GPU_OPERATIONS=NCCL
+  fi
+fi
+GPU_TAG=${HOROVOD_GPU_OPERATIONS:-cpu}
+GPU_TAG=$(echo "$GPU_TAG" | tr '[:upper:]' '[:lower:]')
+
+already=$("$PY" - <<PYEOF 2>/dev/null || true
+import importlib.metadata as m
+try:
+    v = m.version("horovod")
+except m.PackageNotFoundError:
+    v = ""
+if v.startswith("$HVD_VERSION"):
+    import horovod.tensorflow as hvd  # noqa: F401  (fails if built for another TF)
+    print("yes")
+PYEOF
+)
+if [ "$already" = yes ]; then
+  echo "install_horovod.sh: horovod $HVD_VERSION already installed and importable"
+  exit 0
+fi
+
+WHEEL_DIR="$CACHE_DIR/horovod-$HVD_VERSION-tf$TF_VERSION-$PY_TAG-$GPU_TAG"
+wheel=$(ls "$WHEEL_DIR"/horovod-*.whl 2>/dev/null | head -n 1 || true)
+
+if [ -z "$wheel" ]; then
+  echo "install_horovod.sh: building horovod $HVD_VERSION for TensorFlow $TF_VERSION (gpu ops: $GPU_TAG); takes a few minutes"
+  work=$(mktemp -d)
+  trap 'rm -rf "$work"' EXIT
+  "$PY" -m pip download --quiet --no-deps --no-binary :all: -d "$work" "horovod==$HVD_VERSION"
+  tar -xzf "$work/horovod-$HVD_VERSION.tar.gz" -C "$work"
+  src="$work/horovod-$HVD_VERSION"
+  cml="$src/horovod/tensorflow/CMakeLists.txt"
+  grep -q 'xla_mpi_ops.cc' "$cml" || die "expected xla_mpi_ops.cc in $cml; the Horovod source changed"
+  sed -i '/xla_mpi_ops\.cc/d' "$cml"
+  # Build requirements of Horovod's setup.py itself (no build isolation: it must see the installed TF).
+  "$PY" -m pip install --quiet setuptools wheel packaging
+  export HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITH_GLOO=1 HOROVOD_WITHOUT_MPI=1 \
+         HOROVOD_WITHOUT_PYTORCH=1 HOROVOD_WITHOUT_MXNET=1 HOROVOD_CPU_OPERATIONS=gloo
+  if [ -n "$HOROVOD_GPU_OPERATIONS" ]; then export HOROVOD_GPU_OPERATIONS; else unset HOROVOD_GPU_OPERATIONS; fi
+  export MAKEFLAGS="-j$(nproc)"
+  "$PY" -m pip wheel --no-build-isolation --no-deps -w "$work/dist" "$src"
+  mkdir -p "$WHEEL_DIR"
+  cp "$work"/dist/horovod-*.whl "$WHEEL_DIR/"
+  wheel=$(ls "$WHEEL_DIR"/horovod-*.whl | head -n 1)
+fi
+
+echo "install_horovod.sh: installing $wheel"
+"$PY" -m pip install --quiet --force-reinstall --no-deps "$wheel"
+"$PY" -m pip install --quiet cloudpickle psutil pyyaml packaging
+"$PY" -c 'import horovod.tensorflow' || die "the installed Horovod does not import"
