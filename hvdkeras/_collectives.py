@@ -1,0 +1,183 @@
+"""The seam over Horovod: the only module of hvdkeras that imports horovod.
+
+Everything else calls these functions, so unit tests can replace them with fakes and the rest of the
+package never depends on Horovod's Keras 2 integration (which breaks on Keras 3 variables).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Sequence
+
+import horovod.tensorflow as _hvd
+import tensorflow as tf
+
+Average = _hvd.Average
+Sum = _hvd.Sum
+REDUCE_OPS = {Average: "Average", Sum: "Sum"}
+
+_call_counter: tf.Variable | None = None
+
+
+def _require_init() -> None:
+    if not _hvd.is_initialized():
+        raise RuntimeError(
+            "hvdkeras has not been initialized. Call `hvdkeras.init()` at the start of every worker "
+            "(launched with `hvdkeras run`, `horovodrun`, mpirun or srun) before using it."
+        )
+
+
+def init() -> None:
+    _hvd.init()
+
+
+def shutdown() -> None:
+    _hvd.shutdown()
+
+
+def is_initialized() -> bool:
+    return bool(_hvd.is_initialized())
+
+
+def rank() -> int:
+    _require_init()
+    return _hvd.rank()
+
+
+def size() -> int:
+    _require_init()
+    return _hvd.size()
+
+
+def local_rank() -> int:
+    _require_init()
+    return _hvd.local_rank()
+
+
+def local_size() -> int:
+    _require_init()
+    return _hvd.local_size()
+
+
+def cross_rank() -> int:
+    _require_init()
+    return _hvd.cross_rank()
+
+
+def cross_size() -> int:
+    _require_init()
+    return _hvd.cross_size()
+
+
+def _counter() -> tf.Variable:
+    # Created outside any tf.function (init_scope), once, so it can be bumped from inside traced steps.
+    global _call_counter
+    if _call_counter is None:
+        with tf.init_scope():
+            _call_counter = tf.Variable(0, dtype=tf.int64, trainable=False, name="hvdkeras_reductions")
+    return _call_counter
+
+
+def _count() -> None:
+    _counter().assign_add(1)
+
+
+def reduction_count() -> int:
+    """Number of gradient/metric reduction calls executed so far in this process (fused calls count once)."""
+    return int(_counter().numpy())
+
+
+def grouped_allreduce(
+    tensors: Sequence[tf.Tensor],
+    op: int = Average,
+    prescale_factor: float = 1.0,
+    postscale_factor: float = 1.0,
+    name: str | None = None,
+) -> list[tf.Tensor]:
+    """One fused allreduce of same-dtype tensors."""
+    _require_init()
+    _count()
+    return list(
+        _hvd.grouped_allreduce(
+            list(tensors),
+            op=op,
+            prescale_factor=prescale_factor,
+            postscale_factor=postscale_factor,
+            name=name,
+        )
+    )
+
+
+def allreduce(
+    tensor: tf.Tensor,
+    op: int = Average,
+    prescale_factor: float = 1.0,
+    postscale_factor: float = 1.0,
+    name: str | None = None,
+) -> tf.Tensor:
+    _require_init()
+    _count()
+    return _hvd.allreduce(
+        tensor, op=op, prescale_factor=prescale_factor, postscale_factor=postscale_factor, name=name
+    )
+
+
+def allgather(tensor: tf.Tensor, name: str | None = None) -> tf.Tensor:
+    _require_init()
+    _count()
+    return _hvd.allgather(tensor, name=name)
+
+
+def broadcast(tensor: tf.Tensor, root_rank: int, name: str | None = None) -> tf.Tensor:
+    _require_init()
+    return _hvd.broadcast(tensor, root_rank, name=name)
+
+
+def broadcast_variables(variables: Sequence[tf.Variable], root_rank: int) -> None:
+    """Broadcasts tf.Variables in place, all enqueued together so Horovod fuses them."""
+    _require_init()
+    if variables:
+        _hvd.broadcast_variables(list(variables), root_rank)
+
+
+def broadcast_object(obj: Any, root_rank: int = 0, name: str | None = None) -> Any:
+    _require_init()
+    return _hvd.broadcast_object(obj, root_rank=root_rank, name=name)
+
+
+def allgather_object(obj: Any, name: str | None = None) -> list:
+    _require_init()
+    return _hvd.allgather_object(obj, name=name)
+
+
+def barrier() -> None:
+    """Returns once every worker has called it (not counted as a reduction)."""
+    _require_init()
+    _hvd.allreduce(tf.constant(0, dtype=tf.int32), op=Sum, name="hvdkeras.barrier")
+
+
+def join() -> int:
+    _require_init()
+    return int(_hvd.join())
+
+
+def build_info() -> dict[str, bool]:
+    """Which controllers and tensor operations this Horovod build has."""
+    return {
+        "gloo": bool(_hvd.gloo_built()),
+        "mpi": bool(_hvd.mpi_built()),
+        "nccl": bool(_hvd.nccl_built()),
+        "cuda": bool(_hvd.cuda_built()),
+    }
+
+
+def version() -> str:
+    import horovod
+
+    return horovod.__version__
+
+
+def launched_by_horovod() -> bool:
+    """True in a process started by horovodrun (Gloo) or an MPI/Slurm launcher."""
+    markers = ("HOROVOD_RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK", "SLURM_PROCID")
+    return any(m in os.environ for m in markers)

@@ -1,0 +1,174 @@
+"""Process-level basics: init, topology, and the collectives users call directly."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Iterable
+
+import numpy as np
+import tensorflow as tf
+
+from hvdkeras import _collectives as C
+from hvdkeras import compression as _compression
+
+log = logging.getLogger("hvdkeras")
+
+Average = C.Average
+Sum = C.Sum
+
+
+def pin_gpu(local_rank: int, config: Any = None) -> Any:
+    """Makes exactly one GPU visible to this process, chosen by local rank.
+
+    Args:
+        local_rank: this process's rank on its host.
+        config: the `tf.config` module (replaceable in tests).
+
+    Returns:
+        The physical device that was pinned, or None when no GPU is visible.
+    """
+    config = tf.config if config is None else config
+    gpus = config.list_physical_devices("GPU")
+    if not gpus:
+        return None
+    gpu = gpus[local_rank % len(gpus)]
+    try:
+        config.set_visible_devices(gpu, "GPU")
+        # Grow memory on demand, so the processes sharing a host never grab each other's GPU memory.
+        config.experimental.set_memory_growth(gpu, True)
+    except RuntimeError as err:  # the TF runtime was already initialized by the script
+        log.warning("hvdkeras: could not pin GPU %s for local rank %d: %s", gpu, local_rank, err)
+    return gpu
+
+
+def init(pin_gpus: bool = True) -> None:
+    """Initializes Horovod for this worker and pins it to one GPU by local rank.
+
+    Args:
+        pin_gpus: make only the GPU `local_rank() % num_gpus` visible to TensorFlow (when GPUs exist).
+
+    Example:
+        >>> import hvdkeras as hvd
+        >>> hvd.init()
+        >>> hvd.rank(), hvd.size()
+    """
+    C.init()
+    if pin_gpus:
+        pin_gpu(C.local_rank())
+
+
+shutdown = C.shutdown
+is_initialized = C.is_initialized
+rank = C.rank
+size = C.size
+local_rank = C.local_rank
+local_size = C.local_size
+cross_rank = C.cross_rank
+cross_size = C.cross_size
+
+
+def check_op(op: Any) -> int:
+    """Validates a reduction op (hvdkeras.Average or hvdkeras.Sum).
+
+    Raises:
+        ValueError: any other value.
+    """
+    if op not in C.REDUCE_OPS or isinstance(op, bool):
+        raise ValueError(
+            f"`op` must be hvdkeras.Average or hvdkeras.Sum. Received: op={op!r}"
+        )
+    return op
+
+
+def _to_tensor(value: Any) -> tf.Tensor:
+    if hasattr(value, "value") and isinstance(value.value, tf.Variable):
+        return tf.convert_to_tensor(value.value)
+    return tf.convert_to_tensor(value)
+
+
+def allreduce(
+    tensor: Any,
+    op: int = Average,
+    compression: Any = _compression.Compression.none,
+    prescale_factor: float = 1.0,
+    postscale_factor: float = 1.0,
+    name: str | None = None,
+) -> tf.Tensor:
+    """Averages (or sums) a tensor across all workers.
+
+    Args:
+        tensor: a tensor, array, number or Keras variable (same shape and dtype on every worker).
+        op: `hvdkeras.Average` (default) or `hvdkeras.Sum`.
+        compression: `hvdkeras.Compression.none` or `.fp16`.
+        prescale_factor: multiply by this before the reduction.
+        postscale_factor: multiply by this after the reduction.
+        name: optional name of the collective (must match across workers if given).
+
+    Returns:
+        A tensor with the reduced value, the same on every worker.
+
+    Example:
+        >>> hvd.allreduce([0.2, -0.1, 0.5])  # with [0.4, 0.0, 0.3] on the other worker
+        <tf.Tensor: [0.3, -0.05, 0.4]>
+    """
+    check_op(op)
+    compressor = _compression.get(compression)
+    t = _to_tensor(tensor)
+    sent, ctx = compressor.compress(t)
+    out = C.allreduce(
+        sent, op=op, prescale_factor=prescale_factor, postscale_factor=postscale_factor, name=name
+    )
+    return compressor.decompress(out, ctx)
+
+
+def allgather(tensor: Any, name: str | None = None) -> tf.Tensor:
+    """Concatenates every worker's tensor along the first axis (first dimensions may differ)."""
+    return C.allgather(_to_tensor(tensor), name=name)
+
+
+def broadcast(tensor: Any, root_rank: int = 0, name: str | None = None) -> tf.Tensor:
+    """Returns root_rank's value of `tensor` on every worker."""
+    _check_root_rank(root_rank)
+    return C.broadcast(_to_tensor(tensor), root_rank, name=name)
+
+
+def _check_root_rank(root_rank: Any) -> None:
+    if isinstance(root_rank, bool) or not isinstance(root_rank, (int, np.integer)):
+        raise TypeError(f"`root_rank` must be an integer. Received: root_rank={root_rank!r}")
+    if not 0 <= root_rank < C.size():
+        raise ValueError(
+            f"`root_rank` must be in [0, size()) = [0, {C.size()}). Received: root_rank={root_rank}"
+        )
+
+
+def tf_variable(variable: Any) -> tf.Variable:
+    """The tf.Variable behind a Keras 3 variable (or the tf.Variable itself)."""
+    if isinstance(variable, tf.Variable):
+        return variable
+    inner = getattr(variable, "value", None)
+    if isinstance(inner, tf.Variable):
+        return inner
+    raise TypeError(
+        "Expected a keras.Variable or tf.Variable. "
+        f"Received: variable={variable!r} of type {type(variable).__name__}"
+    )
+
+
+def broadcast_variables(variables: Iterable[Any], root_rank: int = 0) -> None:
+    """Sets every worker's variables to root_rank's values, in place.
+
+    Works with Keras 3 `keras.Variable`s (which have no `.ref()`) and with `tf.Variable`s.
+
+    Args:
+        variables: the variables, in the same order on every worker.
+        root_rank: the worker whose values are kept.
+
+    Example:
+        >>> hvd.broadcast_variables(model.variables, root_rank=0)
+    """
+    _check_root_rank(root_rank)
+    C.broadcast_variables([tf_variable(v) for v in variables], root_rank)
+
+
+broadcast_object = C.broadcast_object
+allgather_object = C.allgather_object

@@ -1,0 +1,103 @@
+"""Launching real multi-worker Horovod jobs (Gloo on localhost) from pytest, with a hard timeout.
+
+A hang is a failure: every launch has a timeout, the whole process tree is killed when it runs out, and
+the workers' combined output is shown whenever a launch fails.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import psutil
+import pytest
+
+HERE = Path(__file__).resolve().parent
+WORKERS = HERE / "workers"
+REPO = HERE.parent.parent
+VENV_BIN = Path(sys.executable).parent
+
+
+@dataclass
+class Job:
+    returncode: int
+    output: str
+    results: dict = field(default_factory=dict)  # rank -> dict written by the worker
+    seconds: float = 0.0
+
+    def fail(self, why: str) -> None:
+        pytest.fail(f"{why}\n--- workers' output (last 20000 chars) ---\n{self.output[-20000:]}", pytrace=False)
+
+
+def kill_tree(pid: int) -> None:
+    try:
+        parent = psutil.Process(pid)
+    except psutil.NoSuchProcess:
+        return
+    procs = parent.children(recursive=True) + [parent]
+    for p in procs:
+        try:
+            p.kill()
+        except psutil.NoSuchProcess:
+            pass
+    psutil.wait_procs(procs, timeout=10)
+
+
+def base_env(out_dir: Path, extra: dict | None = None) -> dict:
+    env = dict(os.environ)
+    env.update(
+        HVDKERAS_TEST_OUT=str(out_dir),
+        TF_CPP_MIN_LOG_LEVEL="2",
+        PYTHONUNBUFFERED="1",
+        PYTHONPATH=os.pathsep.join([str(WORKERS), str(REPO)]),
+        PATH=os.pathsep.join([str(VENV_BIN), env.get("PATH", "")]),
+        # One core each: two workers share this machine's two cores.
+        OMP_NUM_THREADS="1",
+    )
+    env.update(extra or {})
+    return env
+
+
+def run_command(cmd: list[str], out_dir: Path, timeout: float, env: dict | None = None,
+                cwd: Path | None = None, np: int = 2) -> Job:
+    """Runs `cmd` with a timeout; collects rank*.json from out_dir."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    start = time.monotonic()
+    proc = subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        env=base_env(out_dir, env), cwd=str(cwd or out_dir), start_new_session=True,
+    )
+    try:
+        output, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        kill_tree(proc.pid)
+        output, _ = proc.communicate()
+        job = Job(returncode=-9, output=output or "", seconds=time.monotonic() - start)
+        job.fail(f"TIMEOUT: {' '.join(cmd)} ran past {timeout}s and was killed")
+    job = Job(returncode=proc.returncode, output=output, seconds=time.monotonic() - start)
+    for rank in range(np):
+        path = out_dir / f"rank{rank}.json"
+        if path.exists():
+            job.results[rank] = json.loads(path.read_text())
+    return job
+
+
+def horovodrun(script: str, *args: str, np: int = 2, timeout: float = 240, out_dir: Path,
+               env: dict | None = None, expect_ok: bool = True, cwd: Path | None = None) -> Job:
+    """Runs tests/multiworker/workers/<script> on `np` Gloo workers on localhost."""
+    path = script if os.path.isabs(script) else str(WORKERS / script)
+    cmd = [str(VENV_BIN / "horovodrun"), "-np", str(np), "-H", f"localhost:{np}", "--gloo",
+           sys.executable, path, *args]
+    job = run_command(cmd, out_dir, timeout, env=env, cwd=cwd, np=np)
+    if expect_ok:
+        if job.returncode != 0:
+            job.fail(f"job exited with {job.returncode}: {' '.join(cmd)}")
+        missing = [r for r in range(np) if r not in job.results]
+        if missing:
+            job.fail(f"ranks {missing} wrote no result")
+    return job

@@ -1,0 +1,49 @@
+"""Helpers shared by the worker scripts that the multi-worker tests launch."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import random
+
+import numpy as np
+
+
+def seed_everything(seed: int) -> None:
+    import keras
+    import tensorflow as tf
+
+    random.seed(seed)
+    np.random.seed(seed)
+    tf.random.set_seed(seed)
+    keras.utils.set_random_seed(seed)
+
+
+def out_dir() -> str:
+    return os.environ["HVDKERAS_TEST_OUT"]
+
+
+def write_result(rank: int, result: dict) -> None:
+    path = os.path.join(out_dir(), f"rank{rank}.json")
+    with open(path + ".tmp", "w") as f:
+        json.dump(result, f, default=lambda o: o.tolist() if hasattr(o, "tolist") else str(o))
+    os.replace(path + ".tmp", path)
+
+
+def weights_digest(variables) -> str:
+    h = hashlib.sha256()
+    for v in variables:
+        h.update(np.ascontiguousarray(np.asarray(v)).tobytes())
+    return h.hexdigest()
+
+
+def max_abs_diff(a, b) -> float:
+    return float(max(np.max(np.abs(np.asarray(x) - np.asarray(y))) for x, y in zip(a, b)))
+
+
+def max_rel_diff(a, b) -> float:
+    return float(
+        max(np.max(np.abs(np.asarray(x) - np.asarray(y))) / (np.max(np.abs(np.asarray(y))) + 1e-12)
+            for x, y in zip(a, b))
+    )

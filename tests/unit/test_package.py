@@ -1,0 +1,64 @@
+"""Package layout, public names and version checks."""
+
+import subprocess
+import sys
+
+import pytest
+
+import hvdkeras
+from hvdkeras import _compat
+
+NEUTRAL_CHECK = """
+import importlib.util, hvdkeras
+assert importlib.util.find_spec("callbacks") is None, importlib.util.find_spec("callbacks")
+assert hvdkeras.callbacks.__name__ == "hvdkeras.callbacks", hvdkeras.callbacks.__name__
+print("ok")
+"""
+
+
+def test_callbacks_is_only_a_subpackage(tmp_path):
+    out = subprocess.run([sys.executable, "-c", NEUTRAL_CHECK], cwd=tmp_path, capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "ok"
+
+
+def test_public_api():
+    expected = {"init", "shutdown", "is_initialized", "rank", "size", "local_rank", "local_size", "cross_rank",
+                "cross_size", "allreduce", "broadcast", "broadcast_variables", "Average", "Sum", "Compression",
+                "DistributedOptimizer", "callbacks", "data", "scale_learning_rate", "load_model"}
+    assert expected <= set(hvdkeras.__all__)
+    for name in hvdkeras.__all__:
+        assert hasattr(hvdkeras, name), name
+    assert set(hvdkeras.callbacks.__all__) >= {
+        "BroadcastGlobalVariablesCallback", "MetricAverageCallback", "LearningRateWarmupCallback",
+        "LearningRateScheduleCallback", "rank_zero_only", "ModelCheckpoint", "TensorBoard", "CSVLogger",
+        "BackupAndRestore"}
+
+
+def test_calling_before_init_says_to_call_init(tmp_path):
+    code = ("import hvdkeras\n"
+            "try:\n    hvdkeras.rank()\nexcept RuntimeError as e:\n    print('RT', e)\n"
+            "try:\n    hvdkeras.allreduce([1.0])\nexcept RuntimeError as e:\n    print('RT', e)\n")
+    out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    lines = [line for line in out.stdout.splitlines() if line.startswith("RT")]
+    assert len(lines) == 2, out.stdout + out.stderr
+    assert all("hvdkeras.init()" in line for line in lines)
+
+
+@pytest.mark.parametrize(
+    "tf_version, keras_version, backend, match",
+    [
+        ("2.15.1", "3.0.0", "tensorflow", "TensorFlow >= 2.16"),
+        ("2.21.0", "2.15.0", "tensorflow", "Keras 3"),
+        ("2.21.0", "3.15.1", "jax", "TensorFlow backend"),
+    ],
+)
+def test_unsupported_versions_raise_import_error(tf_version, keras_version, backend, match):
+    with pytest.raises(ImportError, match=match):
+        _compat.check_versions(tf_version, keras_version, backend)
+
+
+def test_supported_versions_pass():
+    _compat.check_versions("2.16.1", "3.0.0", "tensorflow")
+    _compat.check_versions("2.21.0", "3.15.1", "tensorflow")
