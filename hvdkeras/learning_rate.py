@@ -1,0 +1,93 @@
+"""Scaling the learning rate with the number of workers."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import keras
+
+from hvdkeras import _collectives as C
+
+RULES = ("linear", "sqrt", "none")
+
+
+def check_learning_rate(name: str, value: Any) -> float:
+    """Validates a learning-rate-like number: finite and >= 0.
+
+    Raises:
+        TypeError: not a number.
+        ValueError: negative, NaN or infinite.
+    """
+    if isinstance(value, bool) or not isinstance(value, (int, float)) and not hasattr(value, "__float__"):
+        raise TypeError(f"`{name}` must be a number. Received: {name}={value!r}")
+    number = float(value)
+    if not math.isfinite(number) or number < 0:
+        raise ValueError(f"`{name}` must be a finite number >= 0. Received: {name}={value!r}")
+    return number
+
+
+def scale_factor(rule: str = "linear", size: int | None = None) -> float:
+    """The factor `rule` applies for `size` workers (default: the current world size)."""
+    if rule not in RULES:
+        raise ValueError(f"`rule` must be one of {RULES}. Received: rule={rule!r}")
+    if size is None:
+        size = C.size()
+    if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+        raise ValueError(f"`size` must be an integer >= 1. Received: size={size!r}")
+    return {"linear": float(size), "sqrt": math.sqrt(size), "none": 1.0}[rule]
+
+
+@keras.saving.register_keras_serializable(package="hvdkeras")
+class ScaledLearningRateSchedule(keras.optimizers.schedules.LearningRateSchedule):
+    """A learning rate schedule multiplied by a constant factor.
+
+    Args:
+        schedule: the LearningRateSchedule to scale.
+        factor: the multiplier.
+    """
+
+    def __init__(self, schedule: keras.optimizers.schedules.LearningRateSchedule, factor: float):
+        self.schedule = schedule
+        self.factor = float(factor)
+
+    def __call__(self, step):
+        return self.schedule(step) * self.factor
+
+    def get_config(self):
+        return {
+            "schedule": keras.saving.serialize_keras_object(self.schedule),
+            "factor": self.factor,
+        }
+
+    @classmethod
+    def from_config(cls, config):
+        config = dict(config)
+        config["schedule"] = keras.saving.deserialize_keras_object(config["schedule"])
+        return cls(**config)
+
+
+def scale_learning_rate(lr: Any, rule: str = "linear", size: int | None = None) -> Any:
+    """Scales a learning rate for data-parallel training on `size` workers.
+
+    "linear" multiplies by the number of workers (Goyal et al. 2017, pair it with a warm-up), "sqrt" by its
+    square root, "none" leaves it.
+
+    Args:
+        lr: a float or a `keras.optimizers.schedules.LearningRateSchedule`.
+        rule: "linear", "sqrt" or "none".
+        size: the number of workers; defaults to `hvdkeras.size()`.
+
+    Returns:
+        A float, or a serializable `ScaledLearningRateSchedule` for a schedule.
+
+    Raises:
+        ValueError: an unknown rule, a negative or non-finite lr, a size < 1.
+
+    Example:
+        >>> opt = keras.optimizers.SGD(hvdkeras.scale_learning_rate(0.01))  # 0.02 on 2 workers
+    """
+    factor = scale_factor(rule, size)
+    if isinstance(lr, keras.optimizers.schedules.LearningRateSchedule):
+        return lr if factor == 1.0 else ScaledLearningRateSchedule(lr, factor)
+    return check_learning_rate("lr", lr) * factor

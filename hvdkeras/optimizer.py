@@ -1,0 +1,460 @@
+"""DistributedOptimizer: a Keras 3 optimizer that all-reduces gradients before the inner optimizer applies them.
+
+Keras 3's TensorFlow train step runs `tape.gradient -> optimizer.apply_gradients -> optimizer.apply`, so the
+reduction lives in `apply`. The wrapper holds the inner optimizer the way Keras's own LossScaleOptimizer
+does; the inner optimizer owns the slots, learning rate, schedule and iteration count.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from typing import Any, Sequence
+
+import keras
+import tensorflow as tf
+from keras.optimizers import LossScaleOptimizer
+from tensorflow.python.ops import control_flow_util
+
+from hvdkeras import _collectives as C
+from hvdkeras import compression as _compression
+from hvdkeras.basics import check_op
+
+log = logging.getLogger("hvdkeras")
+
+_OP_NAMES = dict(C.REDUCE_OPS)
+_OPS_BY_NAME = {name: op for op, name in _OP_NAMES.items()}
+
+
+def _check_positive_int(name: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"`{name}` must be an integer >= 1. Received: {name}={value!r}")
+    return value
+
+
+def _check_inner(optimizer: Any) -> None:
+    if isinstance(optimizer, type):
+        raise TypeError(
+            "`optimizer` must be an optimizer instance, not a class; for example "
+            f"keras.optimizers.SGD(0.01). Received: optimizer={optimizer!r}"
+        )
+    if isinstance(optimizer, DistributedOptimizer):
+        raise ValueError(
+            "`optimizer` is already a DistributedOptimizer; wrapping it twice would reduce every "
+            f"gradient twice. Received: optimizer={optimizer!r}"
+        )
+    if not isinstance(optimizer, keras.optimizers.Optimizer):
+        raise TypeError(
+            "`optimizer` must be a Keras 3 optimizer instance (a keras.optimizers.Optimizer, such as "
+            "keras.optimizers.Adam()); tf.keras / Keras 2 optimizers and strings are not accepted. "
+            f"Received: optimizer={optimizer!r} of type {type(optimizer).__module__}.{type(optimizer).__name__}"
+        )
+
+
+def _check_groups(groups: Any) -> Any:
+    if groups is None:
+        return None
+    if isinstance(groups, int) and not isinstance(groups, bool):
+        return _check_positive_int("groups", groups)
+    if isinstance(groups, (list, tuple)) and all(isinstance(g, (list, tuple)) for g in groups):
+        seen: set[int] = set()
+        for group in groups:
+            for var in group:
+                key = _var_id(var)
+                if key in seen:
+                    raise ValueError(
+                        f"`groups` lists a variable more than once. Received: variable={getattr(var, 'path', var)!r}"
+                    )
+                seen.add(key)
+        return [list(g) for g in groups]
+    raise ValueError(
+        "`groups` must be None, an integer >= 1 or a list of lists of variables. "
+        f"Received: groups={groups!r}"
+    )
+
+
+def _var_id(var: Any) -> int:
+    """Identity of a variable, the same for a keras.Variable and the tf.Variable inside it."""
+    inner = getattr(var, "value", None)
+    return id(inner) if isinstance(inner, tf.Variable) else id(var)
+
+
+def _in_xla_context() -> bool:
+    return bool(control_flow_util.GraphOrParentsInXlaContext(tf.compat.v1.get_default_graph()))
+
+
+def _wants_loss_scaling(optimizer: Any) -> bool:
+    if isinstance(optimizer, LossScaleOptimizer):
+        return True
+    return (
+        isinstance(optimizer, keras.optimizers.Optimizer)
+        and not isinstance(optimizer, DistributedOptimizer)
+        and keras.mixed_precision.global_policy().name == "mixed_float16"
+    )
+
+
+@keras.saving.register_keras_serializable(package="hvdkeras")
+class DistributedOptimizer(keras.optimizers.Optimizer):
+    """Wraps a Keras 3 optimizer so gradients are averaged across all workers before every update.
+
+    Each worker computes gradients on its own shard of the global batch; `apply` all-reduces them (one fused
+    allreduce per dtype for all dense gradients, allgather for sparse ones) and hands the result to the
+    inner optimizer, so all model copies stay identical and N workers train like one worker on N times the
+    batch.
+
+    Mixed precision: when `optimizer` is a `LossScaleOptimizer`, or the global dtype policy is
+    `mixed_float16` (in which case the optimizer is wrapped in a `LossScaleOptimizer` here, as `compile`
+    would), the result is a `DistributedLossScaleOptimizer`: it is a `LossScaleOptimizer`, so `compile` does
+    not wrap it again, and the finiteness check runs on the reduced gradients, so all workers skip an
+    overflowing step together. Create the optimizer after setting the policy.
+
+    Args:
+        optimizer: the Keras 3 optimizer instance to wrap (SGD, Adam, AdamW, a LossScaleOptimizer, ...).
+        compression: `hvdkeras.Compression.none` or `hvdkeras.Compression.fp16` (send float gradients as
+            float16).
+        op: `hvdkeras.Average` (default) or `hvdkeras.Sum`.
+        backward_passes_per_step: accumulate gradients locally over this many `apply` calls and communicate
+            and apply them once.
+        average_aggregated_gradients: divide the locally accumulated gradients by
+            `backward_passes_per_step` before they are reduced.
+        sparse_as_dense: reduce `tf.IndexedSlices` gradients (from `Embedding`) as dense tensors instead of
+            allgathering them.
+        gradient_predivide_factor: with `op=Average`, divide by this before the sum and by
+            `size() / gradient_predivide_factor` after it.
+        groups: None (one fused allreduce for all dense gradients), an integer n (n fused allreduces of
+            about equal numbers of gradients), or a list of lists of variables (one fused allreduce per
+            list; variables in no list are reduced one by one).
+        name: the optimizer's name; defaults to "distributed_<inner name>".
+
+    Raises:
+        TypeError: `optimizer` is not a Keras 3 optimizer instance.
+        ValueError: an invalid option, or `optimizer` is already distributed.
+
+    Example:
+        >>> opt = hvdkeras.DistributedOptimizer(keras.optimizers.Adam(hvdkeras.scale_learning_rate(1e-3)))
+        >>> model.compile(optimizer=opt, loss="sparse_categorical_crossentropy")
+    """
+
+    def __new__(cls, optimizer: Any = None, *args: Any, **kwargs: Any):
+        if cls is DistributedOptimizer and _wants_loss_scaling(optimizer):
+            cls = DistributedLossScaleOptimizer
+        return super().__new__(cls)
+
+    def __init__(
+        self,
+        optimizer: keras.optimizers.Optimizer,
+        *,
+        compression: Any = _compression.Compression.none,
+        op: int = C.Average,
+        backward_passes_per_step: int = 1,
+        average_aggregated_gradients: bool = True,
+        sparse_as_dense: bool = False,
+        gradient_predivide_factor: float = 1.0,
+        groups: Any = None,
+        name: str | None = None,
+    ):
+        _check_inner(optimizer)
+        compressor = _compression.get(compression)
+        check_op(op)
+        _check_positive_int("backward_passes_per_step", backward_passes_per_step)
+        if not isinstance(gradient_predivide_factor, (int, float)) or isinstance(gradient_predivide_factor, bool) \
+                or not math.isfinite(gradient_predivide_factor) or gradient_predivide_factor <= 0:
+            raise ValueError(
+                "`gradient_predivide_factor` must be a finite number > 0. "
+                f"Received: gradient_predivide_factor={gradient_predivide_factor!r}"
+            )
+        if gradient_predivide_factor != 1.0 and op != C.Average:
+            raise ValueError(
+                "`gradient_predivide_factor` other than 1.0 requires op=hvdkeras.Average. "
+                f"Received: op={_OP_NAMES[op]}, gradient_predivide_factor={gradient_predivide_factor}"
+            )
+        groups = _check_groups(groups)
+        if isinstance(self, LossScaleOptimizer) and not isinstance(optimizer, LossScaleOptimizer):
+            log.info("hvdkeras: mixed_float16 policy: wrapping %s in a LossScaleOptimizer", optimizer.name)
+            optimizer = LossScaleOptimizer(optimizer)
+
+        # Not super().__init__: for DistributedLossScaleOptimizer the next class in the MRO is
+        # LossScaleOptimizer, whose constructor would wrap the inner optimizer a second time.
+        keras.optimizers.Optimizer.__init__(
+            self, learning_rate=0.0, name=name or f"distributed_{optimizer.name}"
+        )
+        self.inner_optimizer = optimizer
+        self.compression = compressor
+        self.op = op
+        self.backward_passes_per_step = backward_passes_per_step
+        self.average_aggregated_gradients = bool(average_aggregated_gradients)
+        self.sparse_as_dense = bool(sparse_as_dense)
+        self.gradient_predivide_factor = float(gradient_predivide_factor)
+        self._groups = groups
+        self._accumulators: list = []
+        self._pass_counter = None
+
+    # ----------------------------------------------------------------- state delegated to the inner optimizer
+    @property
+    def learning_rate(self):
+        return self.inner_optimizer.learning_rate
+
+    @learning_rate.setter
+    def learning_rate(self, learning_rate):
+        self.inner_optimizer.learning_rate = learning_rate
+
+    @property
+    def iterations(self):
+        return self.inner_optimizer.iterations
+
+    @property
+    def variables(self):
+        return self._variables + self.inner_optimizer.variables
+
+    def scale_loss(self, loss):
+        return self.inner_optimizer.scale_loss(loss)
+
+    def finalize_variable_values(self, var_list):
+        self.inner_optimizer.finalize_variable_values(var_list)
+
+    def exclude_from_weight_decay(self, var_list=None, var_names=None):
+        self.inner_optimizer.exclude_from_weight_decay(var_list=var_list, var_names=var_names)
+
+    def __getattr__(self, name: str):
+        # Only reached when normal lookup fails: expose the inner optimizer's hyperparameters
+        # (momentum, beta_1, ...) the way users read them on the optimizer they passed in.
+        if name.startswith("_") or "inner_optimizer" not in self.__dict__:
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+        return getattr(self.__dict__["inner_optimizer"], name)
+
+    # ------------------------------------------------------------------------------------------ building
+    def build(self, var_list):
+        var_list = list(var_list)
+        if self.backward_passes_per_step > 1:
+            self._pass_counter = self.add_variable(
+                shape=(), dtype="int", initializer="zeros", aggregation="none", name="backward_passes"
+            )
+            self._accumulators = [
+                self.add_variable_from_reference(v, name="gradient_accumulator") for v in var_list
+            ]
+        if not self.inner_optimizer.built:  # e.g. restored by load_model, then wrapped
+            self.inner_optimizer.build(var_list)
+        # Explicit base call, as in __init__: skip LossScaleOptimizer.build for the loss-scale variant.
+        keras.optimizers.Optimizer.build(self, var_list)
+
+    # ------------------------------------------------------------------------------------------ applying
+    def apply(self, grads, trainable_variables=None):
+        """Reduces `grads` across workers, then lets the inner optimizer apply them."""
+        grads = list(grads)
+        if not grads:
+            return
+        if trainable_variables is None:
+            if not self.built:
+                raise ValueError(
+                    "When passing `grads` without `variables`, the optimizer must already be built on a "
+                    "list of variables. Call `optimizer.build(trainable_variables)` first."
+                )
+            trainable_variables = self._trainable_variables
+        else:
+            trainable_variables = list(trainable_variables)
+            if not self.built:
+                with keras.name_scope(self.name, caller=self):
+                    self.build(trainable_variables)
+                self.built = True
+        if len(grads) != len(trainable_variables):
+            raise ValueError(
+                "`grads` and `trainable_variables` must have the same length. "
+                f"Received: {len(grads)} gradients for {len(trainable_variables)} variables"
+            )
+        if _in_xla_context():
+            raise RuntimeError(
+                "Horovod's collectives cannot be compiled by XLA, and this optimizer is being traced inside "
+                "an XLA-compiled function. Pass an hvdkeras callback (BroadcastGlobalVariablesCallback, "
+                "MetricAverageCallback, ...) to fit, which turns XLA off for the model with a warning, or "
+                "compile the model with jit_compile=False, or keep DistributedOptimizer.apply outside "
+                "tf.function(jit_compile=True)."
+            )
+        if self.backward_passes_per_step == 1:
+            self.inner_optimizer.apply(self.reduce_gradients(grads, trainable_variables), trainable_variables)
+        else:
+            self._accumulate_and_apply(grads, trainable_variables)
+
+    def _accumulate_and_apply(self, grads, trainable_variables):
+        accs = [self._accumulators[self._get_variable_index(v)] for v in trainable_variables]
+        for g, acc in zip(grads, accs):
+            if g is not None:
+                acc.assign_add(tf.cast(tf.convert_to_tensor(g), acc.dtype))
+        self._pass_counter.assign_add(1)
+
+        def apply_accumulated():
+            scale = 1.0 / self.backward_passes_per_step if self.average_aggregated_gradients else 1.0
+            total = [None if g is None else tf.convert_to_tensor(acc) * scale for g, acc in zip(grads, accs)]
+            self.inner_optimizer.apply(self.reduce_gradients(total, trainable_variables), trainable_variables)
+            for acc in accs:
+                acc.assign(tf.zeros(acc.shape, dtype=acc.dtype))
+
+        keras.ops.cond(
+            tf.equal(self._pass_counter % self.backward_passes_per_step, 0),
+            apply_accumulated,
+            lambda: None,
+        )
+
+    def reduce_gradients(self, grads: Sequence[Any], variables: Sequence[Any]) -> list:
+        """All-reduces a list of gradients (None entries pass through) and returns the reduced list."""
+        out = list(grads)
+        dense, sparse = [], []
+        for i, g in enumerate(out):
+            if g is None:
+                continue
+            if isinstance(g, tf.IndexedSlices):
+                if self.sparse_as_dense:
+                    out[i] = tf.convert_to_tensor(g)
+                    dense.append(i)
+                else:
+                    sparse.append(i)
+            else:
+                dense.append(i)
+        for group in self._dense_groups(dense, variables):
+            self._reduce_dense(out, group)
+        for i in sparse:
+            out[i] = self._reduce_sparse(out[i])
+        return out
+
+    def _dense_groups(self, dense: list[int], variables: Sequence[Any]) -> list[list[int]]:
+        if self._groups is None:
+            groups = [dense] if dense else []
+        elif isinstance(self._groups, int):
+            n = min(self._groups, len(dense)) or 1
+            step, extra = divmod(len(dense), n)
+            groups, start = [], 0
+            for k in range(n):
+                end = start + step + (1 if k < extra else 0)
+                groups.append(dense[start:end])
+                start = end
+        else:
+            where = {}
+            for gi, group in enumerate(self._groups):
+                for var in group:
+                    where[_var_id(var)] = gi
+            by_group: dict[int, list[int]] = {}
+            singles = []
+            for i in dense:
+                gi = where.get(_var_id(variables[i]))
+                if gi is None:
+                    singles.append([i])
+                else:
+                    by_group.setdefault(gi, []).append(i)
+            groups = [by_group[k] for k in sorted(by_group)] + singles
+        # Horovod fuses only tensors of one dtype per grouped call: split each group by dtype.
+        split = []
+        for group in groups:
+            by_dtype: dict[Any, list[int]] = {}
+            for i in group:
+                by_dtype.setdefault(variables[i].dtype, []).append(i)
+            split.extend(by_dtype.values())
+        return [g for g in split if g]
+
+    def _scale_factors(self) -> tuple[float, float]:
+        if self.op == C.Average:
+            return 1.0 / self.gradient_predivide_factor, self.gradient_predivide_factor
+        return 1.0, 1.0
+
+    def _reduce_dense(self, out: list, indices: list[int]) -> None:
+        sent, ctxs = [], []
+        for i in indices:
+            t, ctx = self.compression.compress(tf.convert_to_tensor(out[i]))
+            sent.append(t)
+            ctxs.append(ctx)
+        pre, post = self._scale_factors()
+        reduced = C.grouped_allreduce(sent, op=self.op, prescale_factor=pre, postscale_factor=post)
+        for i, t, ctx in zip(indices, reduced, ctxs):
+            out[i] = self.compression.decompress(t, ctx)
+
+    def _reduce_sparse(self, grad: tf.IndexedSlices) -> tf.IndexedSlices:
+        values = C.allgather(grad.values)
+        indices = C.allgather(grad.indices)
+        if self.op == C.Average:
+            values = values / tf.cast(C.size(), values.dtype)
+        return tf.IndexedSlices(values, indices, dense_shape=grad.dense_shape)
+
+    # ------------------------------------------------------------------------------------- serialization
+    def get_config(self):
+        if self._groups is not None and not isinstance(self._groups, int):
+            log.warning("hvdkeras: `groups` given as lists of variables is not saved with the optimizer")
+        return {
+            "name": self.name,
+            "optimizer": keras.saving.serialize_keras_object(self.inner_optimizer),
+            "compression": _compression.name_of(self.compression),
+            "op": _OP_NAMES[self.op],
+            "backward_passes_per_step": self.backward_passes_per_step,
+            "average_aggregated_gradients": self.average_aggregated_gradients,
+            "sparse_as_dense": self.sparse_as_dense,
+            "gradient_predivide_factor": self.gradient_predivide_factor,
+            "groups": self._groups if isinstance(self._groups, int) else None,
+        }
+
+    @classmethod
+    def from_config(cls, config, custom_objects=None):
+        config = dict(config)
+        inner = keras.saving.deserialize_keras_object(config.pop("optimizer"), custom_objects=custom_objects)
+        op = config.pop("op", "Average")
+        config["op"] = _OPS_BY_NAME[op] if isinstance(op, str) else op
+        return cls(inner, **config)
+
+
+@keras.saving.register_keras_serializable(package="hvdkeras")
+class DistributedLossScaleOptimizer(DistributedOptimizer, LossScaleOptimizer):
+    """A DistributedOptimizer around a LossScaleOptimizer (built by `DistributedOptimizer(...)`).
+
+    It is a `LossScaleOptimizer`, so `Model.compile` under `mixed_float16` keeps it as it is, and the inner
+    LossScaleOptimizer checks the all-reduced gradients: when any worker's gradients overflow, the reduced
+    gradients are non-finite on every worker and all workers skip the step and lower the scale together.
+    """
+
+    @property
+    def dynamic_scale(self):
+        return self.inner_optimizer.dynamic_scale
+
+    @property
+    def initial_scale(self):
+        return self.inner_optimizer.initial_scale
+
+    @property
+    def dynamic_growth_steps(self):
+        return self.inner_optimizer.dynamic_growth_steps
+
+    @property
+    def step_counter(self):
+        return self.inner_optimizer.step_counter
+
+
+def unwrap(optimizer: Any) -> Any:
+    """The innermost optimizer, below any DistributedOptimizer and LossScaleOptimizer layers."""
+    while isinstance(optimizer, (DistributedOptimizer, LossScaleOptimizer)):
+        optimizer = optimizer.inner_optimizer
+    return optimizer
+
+
+_xla_warned = False
+
+
+def ensure_not_jit_compiled(model: Any) -> bool:
+    """Turns XLA off for a model whose optimizer is distributed; Horovod's ops cannot be XLA-compiled.
+
+    Call before the model's train function is made (callbacks do it in `set_model`). Warns once.
+
+    Returns:
+        True when XLA was turned off.
+    """
+    global _xla_warned
+    if not isinstance(getattr(model, "optimizer", None), DistributedOptimizer):
+        return False
+    if not getattr(model, "jit_compile", False):
+        return False
+    model.jit_compile = False
+    for attr in ("train_function", "test_function", "predict_function"):
+        if getattr(model, attr, None) is not None:
+            setattr(model, attr, None)
+    if not _xla_warned:
+        _xla_warned = True
+        log.warning(
+            "hvdkeras: XLA (jit_compile) turned off for model %r: Horovod's collectives cannot be "
+            "compiled by XLA. Compile with jit_compile=False to silence this warning.",
+            getattr(model, "name", model),
+        )
+    return True

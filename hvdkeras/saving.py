@@ -1,0 +1,113 @@
+"""Rank-0 side effects and loading: the one helper every rank-0-only write goes through."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import tempfile
+from typing import Any, Callable, Iterator
+
+import keras
+
+from hvdkeras import _collectives as C
+
+
+def is_rank_zero() -> bool:
+    """True on rank 0, and in a process that never called `hvdkeras.init()` (a single worker)."""
+    return not C.is_initialized() or C.rank() == 0
+
+
+def barrier() -> None:
+    """Waits for every worker; a no-op in a single process."""
+    if C.is_initialized() and C.size() > 1:
+        C.barrier()
+
+
+def on_rank_zero(fn: Callable[..., Any], *args: Any, wait: bool = True, **kwargs: Any) -> Any:
+    """Calls `fn` on rank 0 only; with `wait`, the other ranks wait until it has finished.
+
+    Every rank must call this (it is a collective when `wait` is True). An exception on rank 0 is raised
+    there after the others have been released, so nobody hangs on it.
+
+    Returns:
+        fn's result on rank 0, None elsewhere.
+    """
+    result, error = None, None
+    if is_rank_zero():
+        try:
+            result = fn(*args, **kwargs)
+        except BaseException as err:  # re-raised below, after releasing the other ranks
+            error = err
+    if wait:
+        barrier()
+    if error is not None:
+        raise error
+    return result
+
+
+@contextlib.contextmanager
+def atomic_path(path: str | os.PathLike) -> Iterator[str]:
+    """Yields a temporary path beside `path`; on success it is renamed to `path` in one step.
+
+    A crash while writing never leaves a truncated file under the final name. The temporary name keeps
+    `path`'s extension, since Keras picks the format from it.
+    """
+    path = os.fspath(path)
+    directory = os.path.dirname(os.path.abspath(path))
+    os.makedirs(directory, exist_ok=True)
+    base, ext = os.path.splitext(os.path.basename(path))
+    if base.endswith(".weights") and ext == ".h5":  # keep Keras's ".weights.h5" double suffix intact
+        base, ext = base[: -len(".weights")], ".weights.h5"
+    fd, tmp = tempfile.mkstemp(prefix=f".{base}.", suffix=f".tmp{ext}", dir=directory)
+    os.close(fd)
+    os.unlink(tmp)
+    try:
+        yield tmp
+        os.replace(tmp, path)
+    finally:
+        if os.path.lexists(tmp):
+            if os.path.isdir(tmp):
+                import shutil
+
+                shutil.rmtree(tmp, ignore_errors=True)
+            else:
+                os.unlink(tmp)
+
+
+def load_model(
+    filepath: str | os.PathLike,
+    custom_objects: dict | None = None,
+    compile: bool = True,
+    safe_mode: bool = True,
+    **distributed_kwargs: Any,
+) -> keras.Model:
+    """Loads a Keras model and makes sure its optimizer is a DistributedOptimizer.
+
+    A model saved with a DistributedOptimizer comes back with it (and its optimizer state); a model saved
+    with a plain optimizer gets it wrapped, with `distributed_kwargs` passed to DistributedOptimizer.
+
+    Args:
+        filepath: a `.keras` file.
+        custom_objects: as for `keras.models.load_model`.
+        compile: as for `keras.models.load_model`.
+        safe_mode: as for `keras.models.load_model`.
+        **distributed_kwargs: options for wrapping a plain optimizer (compression, op, ...).
+
+    Returns:
+        The model.
+
+    Example:
+        >>> model = hvdkeras.load_model("ckpt.keras")
+    """
+    from hvdkeras.optimizer import DistributedLossScaleOptimizer, DistributedOptimizer
+
+    objects = {
+        "DistributedOptimizer": DistributedOptimizer,
+        "DistributedLossScaleOptimizer": DistributedLossScaleOptimizer,
+    }
+    objects.update(custom_objects or {})
+    model = keras.models.load_model(filepath, custom_objects=objects, compile=compile, safe_mode=safe_mode)
+    optimizer = getattr(model, "optimizer", None)
+    if compile and optimizer is not None and not isinstance(optimizer, DistributedOptimizer):
+        model.optimizer = DistributedOptimizer(optimizer, **distributed_kwargs)
+    return model

@@ -1,0 +1,81 @@
+"""DistributedOptimizer on 2 real Gloo workers equals one process training on the global batches."""
+
+import pytest
+from launch import horovodrun
+
+TOL = 1e-5
+
+
+@pytest.fixture(scope="module")
+def job(tmp_path_factory):
+    return horovodrun("optimizer_worker.py", out_dir=tmp_path_factory.mktemp("optimizer"), timeout=420)
+
+
+def both(job, key):
+    return [job.results[r][key] for r in (0, 1)]
+
+
+@pytest.mark.parametrize("kind", ["sgd", "adam", "adamw"])
+def test_equivalent_to_single_worker_on_global_batches(job, kind):
+    for diff in both(job, f"{kind}_max_abs_diff"):
+        assert diff <= TOL
+
+
+@pytest.mark.parametrize("kind", ["sgd", "adam", "adamw", "fp16", "bpps2", "mp"])
+def test_ranks_hold_bit_identical_weights(job, kind):
+    a, b = both(job, f"{kind}_digest")
+    assert a == b
+
+
+@pytest.mark.parametrize("kind", ["sgd", "adam", "adamw"])
+def test_one_fused_allreduce_per_step(job, kind):
+    assert both(job, f"{kind}_calls_per_step") == [1.0, 1.0]
+
+
+def test_groups_split_the_fused_allreduce(job):
+    assert both(job, "groups2_calls_per_step") == [2.0, 2.0]
+    assert max(both(job, "groups2_max_abs_diff")) <= TOL
+
+
+def test_fp16_compression_within_one_percent(job):
+    assert max(both(job, "fp16_max_rel_diff")) <= 1e-2
+
+
+def test_sum_op(job):
+    assert max(both(job, "sum_max_abs_diff")) <= TOL
+
+
+def test_gradient_predivide_factor(job):
+    assert max(both(job, "predivide_max_abs_diff")) <= TOL
+
+
+def test_backward_passes_per_step_communicates_every_k_steps(job):
+    assert both(job, "bpps2_calls_per_step") == [0.5, 0.5]
+    assert both(job, "bpps2_iterations") == [5, 5]
+    assert max(both(job, "bpps2_max_abs_diff")) <= TOL
+
+
+def test_custom_training_loops(job):
+    assert max(both(job, "custom_apply_gradients_max_abs_diff")) <= TOL
+    assert max(both(job, "custom_apply_max_abs_diff")) <= TOL
+
+
+@pytest.mark.parametrize("sparse_as_dense", [False, True])
+def test_sparse_embedding_gradients(job, sparse_as_dense):
+    assert max(both(job, f"sparse_as_dense_{sparse_as_dense}_max_abs_diff")) <= TOL
+
+
+@pytest.mark.parametrize("jit", ["True", "auto"])
+def test_jit_compile_does_not_crash(job, jit):
+    assert both(job, f"xla_{jit}_jit_after") == [False, False]
+    assert max(both(job, f"xla_{jit}_max_abs_diff")) <= TOL
+
+
+def test_mixed_precision_overflow_on_one_rank_skips_everywhere(job):
+    for r in (0, 1):
+        res = job.results[r]
+        assert res["mp_is_loss_scale"] and res["mp_is_distributed"]
+        assert res["mp_finite"]
+        # One of 10 steps overflowed on rank 1 only: both ranks skipped it and halved the scale.
+        assert res["mp_iterations"] == 9
+        assert res["mp_scale"] == 2.0 ** 14

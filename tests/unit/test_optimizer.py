@@ -1,0 +1,239 @@
+"""DistributedOptimizer in one process: validation, delegation, serialization, and the reduction logic
+against a faked collectives seam."""
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from hvdkeras import _collectives as C
+from hvdkeras.optimizer import DistributedLossScaleOptimizer, DistributedOptimizer
+
+
+def small_model():
+    keras.utils.set_random_seed(0)
+    return keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+
+
+@pytest.mark.parametrize(
+    "value, error, match",
+    [
+        ("adam", TypeError, "Keras 3 optimizer instance"),
+        (keras.optimizers.SGD, TypeError, "not a class"),
+        (object(), TypeError, "Received: optimizer="),
+        (None, TypeError, "Received: optimizer=None"),
+    ],
+)
+def test_rejects_non_optimizers(value, error, match):
+    with pytest.raises(error, match=match):
+        DistributedOptimizer(value)
+
+
+def test_rejects_wrapping_twice(hvd):
+    opt = DistributedOptimizer(keras.optimizers.SGD())
+    with pytest.raises(ValueError, match="already a DistributedOptimizer"):
+        DistributedOptimizer(opt)
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"op": 7}, "Received: op=7"),
+        ({"backward_passes_per_step": 0}, "Received: backward_passes_per_step=0"),
+        ({"backward_passes_per_step": 1.5}, "Received: backward_passes_per_step=1.5"),
+        ({"compression": "gzip"}, "Received: compression='gzip'"),
+        ({"gradient_predivide_factor": 0.0}, "Received: gradient_predivide_factor=0.0"),
+        ({"groups": 0}, "Received: groups=0"),
+        ({"groups": "all"}, "Received: groups='all'"),
+    ],
+)
+def test_bad_options(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        DistributedOptimizer(keras.optimizers.SGD(), **kwargs)
+
+
+def test_predivide_requires_average():
+    with pytest.raises(ValueError, match="requires op=hvdkeras.Average"):
+        DistributedOptimizer(keras.optimizers.SGD(), op=C.Sum, gradient_predivide_factor=2.0)
+
+
+def test_delegates_learning_rate_iterations_and_hyperparameters(hvd):
+    inner = keras.optimizers.SGD(0.1, momentum=0.9)
+    opt = DistributedOptimizer(inner)
+    assert opt.inner_optimizer is inner
+    assert opt.momentum == 0.9
+    assert float(opt.learning_rate) == pytest.approx(0.1)
+    opt.learning_rate = 0.5
+    assert float(inner.learning_rate) == pytest.approx(0.5)
+    model = small_model()
+    opt.build(model.trainable_variables)
+    assert opt.iterations is inner.iterations
+    assert all(any(v is w for w in opt.variables) for v in inner.variables)
+
+
+def test_schedules_run_on_the_inner_iterations(hvd):
+    schedule = keras.optimizers.schedules.ExponentialDecay(0.1, decay_steps=1, decay_rate=0.5)
+    opt = DistributedOptimizer(keras.optimizers.SGD(schedule))
+    model = small_model()
+    grads = [tf.ones_like(v) for v in model.trainable_variables]
+    opt.apply(grads, model.trainable_variables)
+    opt.apply(grads, model.trainable_variables)
+    assert int(opt.iterations) == 2
+    assert float(opt.learning_rate) == pytest.approx(0.025)
+
+
+class FakeSeam:
+    """Pretends a second worker exists whose gradients are 3x ours: the average is then 2x ours."""
+
+    def __init__(self, monkeypatch):
+        self.calls = []
+        monkeypatch.setattr(C, "grouped_allreduce", self.grouped_allreduce)
+        monkeypatch.setattr(C, "allgather", self.allgather)
+        monkeypatch.setattr(C, "size", lambda: 2)
+
+    def grouped_allreduce(self, tensors, op=C.Average, prescale_factor=1.0, postscale_factor=1.0, name=None):
+        self.calls.append(("grouped_allreduce", len(tensors), op))
+        total = [(t * prescale_factor + 3 * t * prescale_factor) * postscale_factor for t in tensors]
+        return [s / 2 if op == C.Average else s for s in total]
+
+    def allgather(self, tensor, name=None):
+        self.calls.append(("allgather",))
+        return tf.concat([tensor, tensor], axis=0)
+
+
+def test_apply_reduces_all_dense_gradients_in_one_call(monkeypatch):
+    seam = FakeSeam(monkeypatch)
+    model = small_model()
+    before = [v.numpy() for v in model.trainable_variables]
+    opt = DistributedOptimizer(keras.optimizers.SGD(0.1))
+    grads = [tf.ones_like(v) for v in model.trainable_variables]
+    opt.apply_gradients(zip(grads, model.trainable_variables))
+    assert seam.calls == [("grouped_allreduce", 2, C.Average)]
+    for b, v in zip(before, model.trainable_variables):
+        np.testing.assert_allclose(v.numpy(), b - 0.1 * 2.0, rtol=1e-6)
+
+
+def test_sum_and_predivide(monkeypatch):
+    seam = FakeSeam(monkeypatch)
+    model = small_model()
+    opt = DistributedOptimizer(keras.optimizers.SGD(0.1), op=C.Sum)
+    grads = [tf.ones_like(v) for v in model.trainable_variables]
+    reduced = opt.reduce_gradients(grads, model.trainable_variables)
+    np.testing.assert_allclose(reduced[0].numpy(), 4.0)
+    opt = DistributedOptimizer(keras.optimizers.SGD(0.1), gradient_predivide_factor=4.0)
+    reduced = opt.reduce_gradients(grads, model.trainable_variables)
+    np.testing.assert_allclose(reduced[0].numpy(), 2.0, rtol=1e-6)
+    assert len(seam.calls) == 2
+
+
+def test_fp16_compression_sends_half_and_restores_dtype(monkeypatch):
+    seen = []
+
+    def fake(tensors, **kwargs):
+        seen.extend(t.dtype for t in tensors)
+        return tensors
+
+    monkeypatch.setattr(C, "grouped_allreduce", fake)
+    from hvdkeras import Compression
+
+    model = small_model()
+    opt = DistributedOptimizer(keras.optimizers.SGD(0.1), compression=Compression.fp16)
+    out = opt.reduce_gradients([tf.ones_like(v) for v in model.trainable_variables], model.trainable_variables)
+    assert seen == [tf.float16, tf.float16]
+    assert [t.dtype for t in out] == [tf.float32, tf.float32]
+
+
+def test_sparse_gradients_are_allgathered_and_averaged(monkeypatch):
+    seam = FakeSeam(monkeypatch)
+    var = keras.Variable(np.zeros((5, 2), "float32"))
+    grad = tf.IndexedSlices(tf.ones((2, 2)), tf.constant([1, 3]), dense_shape=tf.constant([5, 2]))
+    opt = DistributedOptimizer(keras.optimizers.SGD(1.0))
+    (out,) = opt.reduce_gradients([grad], [var])
+    assert isinstance(out, tf.IndexedSlices)
+    np.testing.assert_allclose(tf.convert_to_tensor(out).numpy()[[1, 3]], 1.0)  # 2 copies of 1, divided by 2
+    assert seam.calls == [("allgather",), ("allgather",)]
+    dense = DistributedOptimizer(keras.optimizers.SGD(1.0), sparse_as_dense=True)
+    (out,) = dense.reduce_gradients([grad], [var])
+    assert not isinstance(out, tf.IndexedSlices)
+    assert seam.calls[-1][0] == "grouped_allreduce"
+
+
+def test_backward_passes_accumulate_and_communicate_every_k(monkeypatch):
+    seam = FakeSeam(monkeypatch)
+    model = small_model()
+    before = [v.numpy() for v in model.trainable_variables]
+    opt = DistributedOptimizer(keras.optimizers.SGD(0.1), backward_passes_per_step=3)
+    for k in range(3):
+        grads = [tf.fill(v.shape, float(k + 1)) for v in model.trainable_variables]
+        opt.apply(grads, model.trainable_variables)
+        assert len(seam.calls) == (1 if k == 2 else 0)
+    # mean of 1,2,3 = 2, doubled by the fake second worker = 4
+    for b, v in zip(before, model.trainable_variables):
+        np.testing.assert_allclose(v.numpy(), b - 0.1 * 4.0, rtol=1e-6)
+    assert int(opt.iterations) == 1
+
+
+def test_mixed_float16_policy_gives_a_loss_scale_optimizer(hvd):
+    keras.mixed_precision.set_global_policy("mixed_float16")
+    try:
+        opt = DistributedOptimizer(keras.optimizers.SGD(0.1))
+    finally:
+        keras.mixed_precision.set_global_policy("float32")
+    assert isinstance(opt, DistributedLossScaleOptimizer)
+    assert isinstance(opt, keras.optimizers.LossScaleOptimizer)
+    assert isinstance(opt.inner_optimizer, keras.optimizers.LossScaleOptimizer)
+    wrapped = DistributedOptimizer(keras.optimizers.LossScaleOptimizer(keras.optimizers.Adam()))
+    assert isinstance(wrapped, DistributedLossScaleOptimizer)
+    assert type(DistributedOptimizer(keras.optimizers.Adam())) is DistributedOptimizer
+
+
+def test_xla_context_gives_a_clear_error(hvd):
+    model = small_model()
+    opt = DistributedOptimizer(keras.optimizers.SGD(0.1))
+    opt.build(model.trainable_variables)
+
+    @tf.function(jit_compile=True)
+    def step():
+        opt.apply([tf.ones_like(v) for v in model.trainable_variables], model.trainable_variables)
+
+    with pytest.raises(RuntimeError, match="cannot be compiled by XLA"):
+        step()
+
+
+@pytest.mark.parametrize("kind", ["adam", "mixed"])
+def test_save_and_load_model_restores_wrapping_and_state(hvd, tmp_path, kind):
+    import hvdkeras
+
+    if kind == "mixed":
+        keras.mixed_precision.set_global_policy("mixed_float16")
+    try:
+        model = small_model()
+        opt = hvdkeras.DistributedOptimizer(keras.optimizers.Adam(0.01), compression=hvdkeras.Compression.fp16,
+                                            backward_passes_per_step=2)
+        model.compile(optimizer=opt, loss="mse")
+        x, y = np.ones((8, 3), "float32"), np.zeros((8, 2), "float32")
+        model.fit(x, y, batch_size=4, epochs=2, verbose=0)
+        path = tmp_path / "m.keras"
+        model.save(path)
+        for loaded in (hvdkeras.load_model(path), keras.models.load_model(path)):
+            assert type(loaded.optimizer) is type(model.optimizer)
+            assert loaded.optimizer.compression is hvdkeras.Compression.fp16
+            assert loaded.optimizer.backward_passes_per_step == 2
+            assert int(loaded.optimizer.iterations) == int(model.optimizer.iterations) == 2
+            for a, b in zip(loaded.optimizer.variables, model.optimizer.variables):
+                np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    finally:
+        keras.mixed_precision.set_global_policy("float32")
+
+
+def test_load_model_wraps_a_plain_optimizer(hvd, tmp_path):
+    import hvdkeras
+
+    model = small_model()
+    model.compile(optimizer=keras.optimizers.SGD(0.1), loss="mse")
+    model.fit(np.ones((4, 3)), np.zeros((4, 2)), verbose=0)
+    model.save(tmp_path / "plain.keras")
+    loaded = hvdkeras.load_model(tmp_path / "plain.keras")
+    assert isinstance(loaded.optimizer, DistributedOptimizer)
+    loaded.fit(np.ones((4, 3)), np.zeros((4, 2)), verbose=0)
+    assert int(loaded.optimizer.iterations) == 2
