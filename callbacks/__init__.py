@@ -1,0 +1,35 @@
+"""Keras callbacks for data-parallel training (imported as `hvdkeras.callbacks`).
+
+Example:
+    >>> callbacks = [
+    ...     hvdkeras.callbacks.BroadcastGlobalVariablesCallback(0),
+    ...     hvdkeras.callbacks.MetricAverageCallback(),
+    ...     hvdkeras.callbacks.LearningRateWarmupCallback(lr, warmup_epochs=3),
+    ...     hvdkeras.callbacks.ModelCheckpoint("ckpt-{epoch:02d}.keras"),
+    ... ]
+"""
+
+from .broadcast import BroadcastGlobalVariablesCallback
+from .learning_rate import LearningRateScheduleCallback, LearningRateWarmupCallback
+from .metrics import MetricAverageCallback
+from .rank_zero import (
+    BackupAndRestore,
+    CSVLogger,
+    ModelCheckpoint,
+    RankZeroOnly,
+    TensorBoard,
+    rank_zero_only,
+)
+
+__all__ = [
+    "BackupAndRestore",
+    "BroadcastGlobalVariablesCallback",
+    "CSVLogger",
+    "LearningRateScheduleCallback",
+    "LearningRateWarmupCallback",
+    "MetricAverageCallback",
+    "ModelCheckpoint",
+    "RankZeroOnly",
+    "TensorBoard",
+    "rank_zero_only",
+]

@@ -1,0 +1,129 @@
+"""Callbacks that act on rank 0 only, so no two processes ever write the same file."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import keras
+
+from hvdkeras import _collectives as C
+from hvdkeras import saving
+
+from ._base import HvdCallback
+from .broadcast import broadcast_model
+
+_HOOKS = [
+    name
+    for name in dir(keras.callbacks.Callback)
+    if name.startswith("on_")
+]
+
+
+class RankZeroOnly(HvdCallback):
+    """Runs another callback's hooks on rank 0 only (build it with `rank_zero_only`)."""
+
+    def __init__(self, callback: keras.callbacks.Callback):
+        super().__init__()
+        if not isinstance(callback, keras.callbacks.Callback):
+            raise TypeError(
+                f"`callback` must be a keras.callbacks.Callback instance. Received: callback={callback!r}"
+            )
+        self.callback = callback
+
+    def set_model(self, model):
+        super().set_model(model)
+        self.callback.set_model(model)
+
+    def set_params(self, params):
+        super().set_params(params)
+        self.callback.set_params(params)
+
+
+def _forward(name):
+    def hook(self, *args, **kwargs):
+        if saving.is_rank_zero():
+            return getattr(self.callback, name)(*args, **kwargs)
+        return None
+
+    hook.__name__ = name
+    return hook
+
+
+for _name in _HOOKS:
+    setattr(RankZeroOnly, _name, _forward(_name))
+
+
+def rank_zero_only(callback: keras.callbacks.Callback) -> RankZeroOnly:
+    """Makes any Keras callback act on rank 0 only.
+
+    Example:
+        >>> cb = hvdkeras.callbacks.rank_zero_only(keras.callbacks.ModelCheckpoint("ckpt-{epoch:02d}.keras"))
+    """
+    return RankZeroOnly(callback)
+
+
+class _RankZeroHooks:
+    """Mixin: every `on_*` hook of the Keras callback it is mixed into runs on rank 0 only."""
+
+
+for _name in _HOOKS:
+
+    def _gated(self, *args, _name=_name, **kwargs):
+        if saving.is_rank_zero():
+            return getattr(super(_RankZeroHooks, self), _name)(*args, **kwargs)
+        return None
+
+    _gated.__name__ = _name
+    setattr(_RankZeroHooks, _name, _gated)
+
+
+class ModelCheckpoint(_RankZeroHooks, keras.callbacks.ModelCheckpoint):
+    """`keras.callbacks.ModelCheckpoint` that saves on rank 0 only (same arguments)."""
+
+
+class TensorBoard(_RankZeroHooks, keras.callbacks.TensorBoard):
+    """`keras.callbacks.TensorBoard` that writes logs on rank 0 only (same arguments)."""
+
+
+class CSVLogger(_RankZeroHooks, keras.callbacks.CSVLogger):
+    """`keras.callbacks.CSVLogger` that writes on rank 0 only (same arguments)."""
+
+
+class BackupAndRestore(keras.callbacks.BackupAndRestore):
+    """`keras.callbacks.BackupAndRestore` for data-parallel jobs (same arguments).
+
+    Rank 0 restores the backup and its epoch; every rank then takes rank 0's weights, optimizer state and
+    epoch, so all ranks resume identically without reading the backup themselves. Only rank 0 writes, and
+    each file is written under a temporary name and renamed, so a crash never leaves a truncated backup.
+    """
+
+    def on_train_begin(self, logs=None):
+        if saving.is_rank_zero():
+            super().on_train_begin(logs)
+        if C.is_initialized() and C.size() > 1:
+            epoch = C.broadcast_object(getattr(self.model, "_initial_epoch", None), root_rank=0)
+            self.model._initial_epoch = epoch
+            broadcast_model(self.model, 0)
+
+    def on_epoch_end(self, epoch, logs=None):
+        self._current_epoch = epoch + 1
+        self._last_batch_seen = 0
+        if self.save_freq == "epoch":
+            self._save_model()
+
+    def _save_model(self):
+        if not saving.is_rank_zero():
+            return
+        os.makedirs(self.backup_dir, exist_ok=True)
+        with saving.atomic_path(self._weights_path) as tmp:
+            self.model.save_weights(tmp, overwrite=True)
+        with saving.atomic_path(self._training_metadata_path) as tmp:
+            with open(tmp, "w") as f:
+                json.dump({"epoch": self._current_epoch, "batch": self._last_batch_seen}, f)
+
+    def on_train_end(self, logs=None):
+        # Everyone is past the last epoch before rank 0 removes the backup.
+        saving.barrier()
+        if saving.is_rank_zero():
+            super().on_train_end(logs)

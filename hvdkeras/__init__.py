@@ -1,0 +1,73 @@
+"""hvdkeras: data-parallel training of Keras 3 models on TensorFlow with Horovod.
+
+`import hvdkeras as hvd` is the migration from `horovod.tensorflow.keras`: the same names where the concept
+is the same, working on Keras 3.
+
+Example:
+    >>> import hvdkeras as hvd
+    >>> hvd.init()
+    >>> opt = hvd.DistributedOptimizer(keras.optimizers.Adam(hvd.scale_learning_rate(1e-3)))
+    >>> model.compile(optimizer=opt, loss="sparse_categorical_crossentropy", metrics=["accuracy"])
+    >>> model.fit(hvd.data.shard(dataset).batch(32), epochs=5,
+    ...           callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0),
+    ...                      hvd.callbacks.MetricAverageCallback()],
+    ...           verbose=1 if hvd.rank() == 0 else 0)
+"""
+
+__version__ = "0.1.0"
+
+from hvdkeras._compat import check_installed as _check_installed
+
+_check_installed()
+
+from hvdkeras import callbacks, data  # noqa: E402
+from hvdkeras.basics import (  # noqa: E402
+    Average,
+    Sum,
+    allgather,
+    allgather_object,
+    allreduce,
+    broadcast,
+    broadcast_object,
+    broadcast_variables,
+    cross_rank,
+    cross_size,
+    init,
+    is_initialized,
+    local_rank,
+    local_size,
+    rank,
+    shutdown,
+    size,
+)
+from hvdkeras.compression import Compression  # noqa: E402
+from hvdkeras.learning_rate import scale_learning_rate  # noqa: E402
+from hvdkeras.optimizer import DistributedLossScaleOptimizer, DistributedOptimizer  # noqa: E402
+from hvdkeras.saving import load_model  # noqa: E402
+
+__all__ = [
+    "Average",
+    "Compression",
+    "DistributedLossScaleOptimizer",
+    "DistributedOptimizer",
+    "Sum",
+    "allgather",
+    "allgather_object",
+    "allreduce",
+    "broadcast",
+    "broadcast_object",
+    "broadcast_variables",
+    "callbacks",
+    "cross_rank",
+    "cross_size",
+    "data",
+    "init",
+    "is_initialized",
+    "load_model",
+    "local_rank",
+    "local_size",
+    "rank",
+    "scale_learning_rate",
+    "shutdown",
+    "size",
+]

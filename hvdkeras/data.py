@@ -1,0 +1,1 @@
+"""Per-worker sharding of input pipelines (filled in by the sharding module)."""
