@@ -36,8 +36,9 @@ def global_metrics_result(model, local_result):
     groups: dict = {}
     for i, var in enumerate(variables):
         groups.setdefault((_OPS[var.aggregation], var.dtype), []).append(i)
-    for (op, _), indices in sorted(groups.items(), key=lambda kv: (kv[0][0], str(kv[0][1]))):
-        reduced = C.grouped_allreduce([local[i] for i in indices], op=op)
+    ordered = sorted(groups.items(), key=lambda kv: (kv[0][0], str(kv[0][1])))
+    for k, ((op, _), indices) in enumerate(ordered):
+        reduced = C.grouped_allreduce([local[i] for i in indices], op=op, name=f"hvdkeras.metrics.{k}")
         for i, value in zip(indices, reduced):
             variables[i].assign(value)
     try:

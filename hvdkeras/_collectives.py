@@ -94,7 +94,12 @@ def grouped_allreduce(
     postscale_factor: float = 1.0,
     name: str | None = None,
 ) -> list[tf.Tensor]:
-    """One fused allreduce of same-dtype tensors."""
+    """One fused allreduce of same-dtype tensors.
+
+    Horovod matches collectives across processes by name. Without one it derives it from the tensor names
+    and the name scope, which differ between processes that created different numbers of Keras objects,
+    and the job hangs; hvdkeras always passes a name that depends only on the call site.
+    """
     _require_init()
     _count()
     return list(
@@ -104,6 +109,7 @@ def grouped_allreduce(
             prescale_factor=prescale_factor,
             postscale_factor=postscale_factor,
             name=name,
+            ignore_name_scope=name is not None,
         )
     )
 
@@ -118,26 +124,47 @@ def allreduce(
     _require_init()
     _count()
     return _hvd.allreduce(
-        tensor, op=op, prescale_factor=prescale_factor, postscale_factor=postscale_factor, name=name
+        tensor,
+        op=op,
+        prescale_factor=prescale_factor,
+        postscale_factor=postscale_factor,
+        name=name,
+        ignore_name_scope=name is not None,
     )
 
 
 def allgather(tensor: tf.Tensor, name: str | None = None) -> tf.Tensor:
     _require_init()
     _count()
-    return _hvd.allgather(tensor, name=name)
+    return _hvd.allgather(tensor, name=name, ignore_name_scope=name is not None)
 
 
 def broadcast(tensor: tf.Tensor, root_rank: int, name: str | None = None) -> tf.Tensor:
     _require_init()
-    return _hvd.broadcast(tensor, root_rank, name=name)
+    return _hvd.broadcast(tensor, root_rank, name=name, ignore_name_scope=name is not None)
 
 
 def broadcast_variables(variables: Sequence[tf.Variable], root_rank: int) -> None:
-    """Broadcasts tf.Variables in place, all enqueued together so Horovod fuses them."""
+    """Broadcasts tf.Variables in place: one broadcast per dtype of all variables packed together.
+
+    Packing avoids one collective per variable, and the explicit names do not depend on how each process
+    named its variables or traced its functions (a process that created extra models has other names).
+    """
     _require_init()
-    if variables:
-        _hvd.broadcast_variables(list(variables), root_rank)
+    by_dtype: dict = {}
+    for var in variables:
+        by_dtype.setdefault(var.dtype, []).append(var)
+    for dtype in sorted(by_dtype, key=lambda d: d.name):
+        group = by_dtype[dtype]
+        flat = tf.concat([tf.reshape(v, [-1]) for v in group], axis=0)
+        flat = _hvd.broadcast(
+            flat, root_rank, name=f"hvdkeras.broadcast_variables.{dtype.name}", ignore_name_scope=True
+        )
+        offset = 0
+        for var in group:
+            n = int(var.shape.num_elements())
+            var.assign(tf.reshape(flat[offset:offset + n], var.shape))
+            offset += n
 
 
 def broadcast_object(obj: Any, root_rank: int = 0, name: str | None = None) -> Any:
@@ -153,7 +180,7 @@ def allgather_object(obj: Any, name: str | None = None) -> list:
 def barrier() -> None:
     """Returns once every worker has called it (not counted as a reduction)."""
     _require_init()
-    _hvd.allreduce(tf.constant(0, dtype=tf.int32), op=Sum, name="hvdkeras.barrier")
+    _hvd.allreduce(tf.constant(0, dtype=tf.int32), op=Sum, name="hvdkeras.barrier", ignore_name_scope=True)
 
 
 def join() -> int:

@@ -309,10 +309,10 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
                     sparse.append(i)
             else:
                 dense.append(i)
-        for group in self._dense_groups(dense, variables):
-            self._reduce_dense(out, group)
+        for k, group in enumerate(self._dense_groups(dense, variables)):
+            self._reduce_dense(out, group, name=f"hvdkeras.gradients.{k}")
         for i in sparse:
-            out[i] = self._reduce_sparse(out[i])
+            out[i] = self._reduce_sparse(out[i], name=f"hvdkeras.gradients.sparse.{i}")
         return out
 
     def _dense_groups(self, dense: list[int], variables: Sequence[Any]) -> list[list[int]]:
@@ -354,20 +354,20 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
             return 1.0 / self.gradient_predivide_factor, self.gradient_predivide_factor
         return 1.0, 1.0
 
-    def _reduce_dense(self, out: list, indices: list[int]) -> None:
+    def _reduce_dense(self, out: list, indices: list[int], name: str) -> None:
         sent, ctxs = [], []
         for i in indices:
             t, ctx = self.compression.compress(tf.convert_to_tensor(out[i]))
             sent.append(t)
             ctxs.append(ctx)
         pre, post = self._scale_factors()
-        reduced = C.grouped_allreduce(sent, op=self.op, prescale_factor=pre, postscale_factor=post)
+        reduced = C.grouped_allreduce(sent, op=self.op, prescale_factor=pre, postscale_factor=post, name=name)
         for i, t, ctx in zip(indices, reduced, ctxs):
             out[i] = self.compression.decompress(t, ctx)
 
-    def _reduce_sparse(self, grad: tf.IndexedSlices) -> tf.IndexedSlices:
-        values = C.allgather(grad.values)
-        indices = C.allgather(grad.indices)
+    def _reduce_sparse(self, grad: tf.IndexedSlices, name: str) -> tf.IndexedSlices:
+        values = C.allgather(grad.values, name=f"{name}.values")
+        indices = C.allgather(grad.indices, name=f"{name}.indices")
         if self.op == C.Average:
             values = values / tf.cast(C.size(), values.dtype)
         return tf.IndexedSlices(values, indices, dense_shape=grad.dense_shape)

@@ -1,6 +1,7 @@
 """DistributedOptimizer on 2 real Gloo workers equals one process training on the global batches."""
 
 import pytest
+
 from launch import horovodrun
 
 TOL = 1e-5

@@ -129,7 +129,7 @@ def test_sum_and_predivide(monkeypatch):
 def test_fp16_compression_sends_half_and_restores_dtype(monkeypatch):
     seen = []
 
-    def fake(tensors, **kwargs):
+    def fake(tensors, **kwargs):  # noqa: ARG001
         seen.extend(t.dtype for t in tensors)
         return tensors
 

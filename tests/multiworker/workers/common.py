@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+import faulthandler
 import hashlib
 import json
 import os
 import random
+import sys
 
 import numpy as np
+
+# A hung worker prints where it is stuck before the launcher's timeout kills it.
+faulthandler.dump_traceback_later(float(os.environ.get("HVDKERAS_TEST_DUMP_AFTER", "200")), exit=True,
+                                  file=sys.stderr)
 
 
 def seed_everything(seed: int) -> None:
