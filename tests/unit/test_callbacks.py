@@ -1,0 +1,86 @@
+"""Callbacks in one process: rank-0 gating (faked rank), progress silencing, backup and restore."""
+
+import keras
+import numpy as np
+import pytest
+
+from hvdkeras import saving
+
+
+class Recorder(keras.callbacks.Callback):
+    def __init__(self):
+        super().__init__()
+        self.calls = []
+
+    def on_epoch_end(self, epoch, logs=None):
+        self.calls.append(epoch)
+
+
+@pytest.mark.parametrize("rank_zero", [True, False])
+def test_rank_zero_only_gates_every_hook(hvd, monkeypatch, rank_zero):
+    monkeypatch.setattr(saving, "is_rank_zero", lambda: rank_zero)
+    inner = Recorder()
+    cb = hvd.callbacks.rank_zero_only(inner)
+    cb.on_epoch_end(0, {})
+    assert inner.calls == ([0] if rank_zero else [])
+    with pytest.raises(TypeError, match="Received: callback="):
+        hvd.callbacks.rank_zero_only("checkpoint")
+
+
+@pytest.mark.parametrize("rank_zero, expected", [(True, 1), (False, 0)])
+def test_progress_bar_silenced_off_rank_zero(hvd, monkeypatch, rank_zero, expected):
+    monkeypatch.setattr(saving, "is_rank_zero", lambda: rank_zero)
+    progbar = keras.callbacks.ProgbarLogger()
+    keras.callbacks.CallbackList([hvd.callbacks.MetricAverageCallback(), progbar], verbose=1, epochs=1, steps=2)
+    assert progbar.verbose == expected
+
+
+def test_checkpoint_subclasses_write_only_on_rank_zero(hvd, monkeypatch, tmp_path):
+    monkeypatch.setattr(saving, "is_rank_zero", lambda: False)
+    model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+    model.compile(optimizer=hvd.DistributedOptimizer(keras.optimizers.SGD(0.1)), loss="mse")
+    model.fit(np.ones((4, 2)), np.zeros((4, 1)), epochs=2, verbose=0,
+              callbacks=[hvd.callbacks.ModelCheckpoint(str(tmp_path / "c-{epoch}.keras")),
+                         hvd.callbacks.CSVLogger(str(tmp_path / "log.csv"))])
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_backup_and_restore_resumes_epoch(hvd, tmp_path):
+    def run(epochs, stop_after=None):
+        keras.utils.set_random_seed(0)
+        model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+        model.compile(optimizer=hvd.DistributedOptimizer(keras.optimizers.SGD(0.1)), loss="mse")
+
+        class Stop(keras.callbacks.Callback):
+            def on_epoch_end(self, epoch, logs=None):
+                if stop_after is not None and epoch + 1 == stop_after:
+                    raise KeyboardInterrupt
+
+        cbs = [hvd.callbacks.BackupAndRestore(str(tmp_path / "backup")), Stop()]
+        try:
+            history = model.fit(np.ones((4, 2)), np.zeros((4, 1)), epochs=epochs, verbose=0, callbacks=cbs)
+        except KeyboardInterrupt:
+            return None
+        return history
+
+    assert run(4, stop_after=2) is None
+    assert (tmp_path / "backup" / "training_metadata.json").exists()
+    history = run(4)
+    assert history.epoch == [2, 3]
+    assert not (tmp_path / "backup").exists()
+
+
+def test_atomic_path_never_leaves_a_partial_file(tmp_path):
+    target = tmp_path / "m.weights.h5"
+    with pytest.raises(RuntimeError):
+        with saving.atomic_path(target) as tmp:
+            assert tmp.endswith(".weights.h5")
+            with open(tmp, "w") as f:
+                f.write("half")
+            raise RuntimeError("killed")
+    assert list(tmp_path.iterdir()) == []
+    with saving.atomic_path(target) as tmp:
+        with open(tmp, "w") as f:
+            f.write("whole")
+    assert target.read_text() == "whole"
+    assert [p.name for p in tmp_path.iterdir()] == ["m.weights.h5"]
