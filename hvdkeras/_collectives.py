@@ -14,6 +14,7 @@ import tensorflow as tf
 
 Average = _hvd.Average
 Sum = _hvd.Sum
+Min = _hvd.Min
 REDUCE_OPS = {Average: "Average", Sum: "Sum"}
 
 _call_counter: tf.Variable | None = None

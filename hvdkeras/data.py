@@ -1,1 +1,193 @@
-"""Per-worker sharding of input pipelines (filled in by the sharding module)."""
+"""Per-worker sharding of input pipelines with equal steps on every worker.
+
+The most common way a data-parallel job fails is a hang: one worker runs out of data a step earlier and
+the others wait in the allreduce forever. `shard` therefore always gives every worker the same number of
+elements, dropping at most `num_shards - 1` of them (or batches, when sharding a batched dataset).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import numpy as np
+import tensorflow as tf
+from tensorflow.core.framework import graph_pb2
+
+from hvdkeras import _collectives as C
+from hvdkeras import saving
+
+log = logging.getLogger("hvdkeras")
+
+POLICIES = ("auto", "data", "file")
+# Source datasets that read files: what TensorFlow's auto-shard rewrite can split by file.
+_READER_OPS = {
+    "TFRecordDataset", "TFRecordDatasetV2", "TextLineDataset", "FixedLengthRecordDataset",
+    "FixedLengthRecordDatasetV2",
+}
+
+
+def _as_dataset(data: Any) -> tf.data.Dataset:
+    if isinstance(data, tf.data.Dataset):
+        return data
+    if isinstance(data, (np.ndarray, dict, tuple, list)) or tf.is_tensor(data):
+        return tf.data.Dataset.from_tensor_slices(tuple(data) if isinstance(data, list) else data)
+    raise TypeError(
+        "`dataset` must be a tf.data.Dataset, a numpy array, or a tuple/dict of arrays. "
+        f"Received: dataset of type {type(data).__name__}"
+    )
+
+
+def _check_int(name: str, value: Any, low: int, high: int | None = None) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise ValueError(f"`{name}` must be an integer. Received: {name}={value!r}")
+    if value < low or (high is not None and value >= high):
+        bounds = f">= {low}" if high is None else f"in [{low}, {high})"
+        raise ValueError(f"`{name}` must be {bounds}. Received: {name}={value!r}")
+    return int(value)
+
+
+def split_sizes(n: int, num_shards: int) -> tuple[int, int]:
+    """Elements per shard and the remainder dropped, for n elements over num_shards equal shards."""
+    return n // num_shards, n % num_shards
+
+
+def reads_files(dataset: tf.data.Dataset) -> bool:
+    """True when the pipeline's source is a file reader (TFRecord, text lines, fixed-length records)."""
+    graph = graph_pb2.GraphDef()
+    graph.ParseFromString(dataset._as_serialized_graph().numpy())
+    ops = {node.op for node in graph.node}
+    for function in graph.library.function:
+        ops.update(node.op for node in function.node_def)
+    return bool(ops & _READER_OPS)
+
+
+def _count(dataset: tf.data.Dataset) -> int:
+    return int(dataset.reduce(np.int64(0), lambda count, _: count + 1))
+
+
+def _shard_by_file(dataset: tf.data.Dataset, num_shards: int, index: int) -> tf.data.Dataset:
+    from tensorflow.python.data.experimental.ops.distribute import _AutoShardDataset
+
+    options = tf.data.Options()
+    options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.FILE
+    return _AutoShardDataset(dataset.with_options(options), num_shards, index)
+
+
+def _is_this_job(num_shards: int, index: int) -> bool:
+    return C.is_initialized() and C.size() == num_shards and C.rank() == index and num_shards > 1
+
+
+def shard(
+    dataset: Any,
+    *,
+    policy: str = "auto",
+    num_shards: int | None = None,
+    index: int | None = None,
+    seed: int | None = None,
+    shuffle_buffer_size: int | None = None,
+) -> tf.data.Dataset:
+    """This worker's shard of a dataset, with exactly as many elements as every other worker's.
+
+    Policies:
+        "data": element-wise, disjoint shards (element i goes to shard i % num_shards).
+        "file": the pipeline reads files (`TFRecordDataset` over a file list, `Dataset.list_files` then
+            `interleave`); each worker reads its own files.
+        "auto": "file" when the pipeline reads files, "data" otherwise.
+
+    Sharding before `batch()` shards elements: with `batch(b)` after it, the global batch is
+    `num_shards * b`. Sharding a batched dataset shards whole batches: each worker takes whole batches of
+    b, so the global batch is again `num_shards * b`, and what is dropped is counted in batches.
+
+    Equal steps: with a known cardinality n, every shard gets `n // num_shards` elements. With an unknown
+    cardinality (a `filter`, file sharding) every worker counts its shard once (one pass over its data)
+    and all agree on the smallest count. The dropped remainder is logged once, on rank 0.
+
+    Args:
+        dataset: a finite `tf.data.Dataset`, a numpy array, or a tuple/dict of arrays (as passed to `fit`).
+        policy: "auto", "data" or "file".
+        num_shards: number of shards; defaults to `hvdkeras.size()`.
+        index: this worker's shard; defaults to `hvdkeras.rank()`.
+        seed: shuffle with this seed before sharding (every worker alike, so shards stay disjoint and
+            cover the data); the order changes each epoch, identically on all workers.
+        shuffle_buffer_size: the shuffle buffer; defaults to the whole dataset when its size is known,
+            else 10,000.
+
+    Returns:
+        The shard, a `tf.data.Dataset`.
+
+    Raises:
+        ValueError: an infinite dataset, fewer elements (or files) than shards, index outside
+            [0, num_shards), num_shards < 1, an unknown policy.
+        TypeError: an input that is not a dataset or arrays.
+
+    Example:
+        >>> ds = hvdkeras.data.shard(tf.data.Dataset.from_tensor_slices((x, y)), seed=0).batch(32)
+        >>> model.fit(ds, epochs=5)
+    """
+    dataset = _as_dataset(dataset)
+    if policy not in POLICIES:
+        raise ValueError(f"`policy` must be one of {POLICIES}. Received: policy={policy!r}")
+    num_shards = _check_int("num_shards", C.size() if num_shards is None else num_shards, 1)
+    index = _check_int("index", C.rank() if index is None else index, 0, num_shards)
+    cardinality = int(dataset.cardinality())
+    if cardinality == tf.data.INFINITE_CARDINALITY:
+        raise ValueError(
+            "shard() needs a finite dataset to give every worker the same number of steps. Received: a dataset "
+            "with infinite cardinality (repeat() without a count). Call shard() before repeat()."
+        )
+    by_file = policy == "file" or (policy == "auto" and reads_files(dataset))
+    if by_file and policy == "file" and not reads_files(dataset):
+        raise ValueError(
+            "policy='file' needs a pipeline that reads files (TFRecordDataset, TextLineDataset, ...). "
+            f"Received: a dataset whose source reads no files ({dataset.element_spec}). Use policy='data'."
+        )
+    if seed is not None and not by_file:
+        buffer = shuffle_buffer_size or (cardinality if cardinality > 0 else 10_000)
+        dataset = dataset.shuffle(buffer, seed=seed, reshuffle_each_iteration=True)
+
+    def make(i: int) -> tf.data.Dataset:
+        return _shard_by_file(dataset, num_shards, i) if by_file else dataset.shard(num_shards, i)
+
+    def count(i: int) -> int:
+        try:
+            return _count(make(i))
+        except tf.errors.InvalidArgumentError as err:
+            if not by_file:
+                raise
+            raise ValueError(
+                f"policy='file' cannot split this pipeline's files into {num_shards} shards: fewer files than "
+                f"workers. Write at least one file per worker, or use policy='data'. Received from "
+                f"TensorFlow: {err.message.split(' If you are using')[0]}"
+            ) from None
+
+    if cardinality >= 0 and not by_file:
+        per_shard, dropped = split_sizes(cardinality, num_shards)
+        total = cardinality
+    elif _is_this_job(num_shards, index):
+        own = count(index)
+        per_shard = int(C.allreduce(tf.constant(own, tf.int64), op=C.Min, name="hvdkeras.data.count"))
+        total = int(C.allreduce(tf.constant(own, tf.int64), op=C.Sum, name="hvdkeras.data.total"))
+        dropped = total - per_shard * num_shards
+    else:
+        counts = [count(i) for i in range(num_shards)]
+        per_shard, total = min(counts), sum(counts)
+        dropped = total - per_shard * num_shards
+    if per_shard == 0:
+        what = "files hold elements" if by_file else "elements"
+        raise ValueError(
+            f"shard() needs at least one element per shard, but some of the {num_shards} shards are empty: "
+            f"fewer {what} than workers. Received: a dataset of {total} elements for num_shards={num_shards}"
+            + (" (policy='file' splits by file: write at least one file per worker)" if by_file else "")
+        )
+    if dropped and saving.is_rank_zero():
+        log.warning(
+            "hvdkeras.data.shard: dropped %d of %d %s so each of %d workers gets %d (equal steps).",
+            dropped, total, "elements (batches, if the dataset was batched)", num_shards, per_shard,
+        )
+    result = make(index).take(per_shard)
+    if seed is not None and by_file:
+        result = result.shuffle(shuffle_buffer_size or 10_000, seed=seed, reshuffle_each_iteration=True)
+    if cardinality < 0 or by_file:
+        result = result.apply(tf.data.experimental.assert_cardinality(per_shard))
+    return result

@@ -1,0 +1,145 @@
+"""shard() in one process, faking num_shards/index: disjoint, covering, equal shards."""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from hvdkeras import data
+
+
+def elements(ds):
+    return [tuple(np.asarray(e).ravel().tolist()) for e in ds.as_numpy_iterator()]
+
+
+def check_partition(make, n_items, num_shards, unit_items):
+    """Shards pairwise disjoint, equal lengths, union = data minus a remainder < num_shards units."""
+    shards = [elements(make(i)) for i in range(num_shards)]
+    lengths = {len(s) for s in shards}
+    assert len(lengths) == 1
+    flat = [e for s in shards for e in s]
+    assert len(flat) == len(set(flat))
+    dropped_units = (n_items - len(flat) * unit_items) // unit_items if unit_items else 0
+    assert 0 <= dropped_units < num_shards
+    return shards
+
+
+@settings(max_examples=25, deadline=None)
+@given(n=st.integers(1, 120), num_shards=st.integers(1, 7), batch=st.integers(1, 9),
+       batch_first=st.booleans(), unknown=st.booleans())
+def test_partition_properties(n, num_shards, batch, batch_first, unknown):
+    base = tf.data.Dataset.range(n)
+    if unknown:
+        base = base.filter(lambda x: x >= 0)  # keeps everything, cardinality becomes unknown
+    units = -(-n // batch) if batch_first else n
+    if units < num_shards:
+        with pytest.raises(ValueError, match="Received: a dataset of"):
+            data.shard(base.batch(batch) if batch_first else base, num_shards=num_shards, index=0)
+        return
+    if batch_first:
+        shards = [list(data.shard(base.batch(batch), num_shards=num_shards, index=i).as_numpy_iterator())
+                  for i in range(num_shards)]
+        assert len({len(s) for s in shards}) == 1  # equal numbers of batches
+        flat = [int(v) for s in shards for b in s for v in b]
+        assert len(flat) == len(set(flat))
+        assert units - len(shards[0]) * num_shards < num_shards
+    else:
+        shards = [[int(v) for v in data.shard(base, num_shards=num_shards, index=i).as_numpy_iterator()]
+                  for i in range(num_shards)]
+        flat = [v for s in shards for v in s]
+        assert len({len(s) for s in shards}) == 1
+        assert len(flat) == len(set(flat))
+        assert set(flat) <= set(range(n))
+        assert n - len(flat) == n % num_shards
+        batched = [list(data.shard(base, num_shards=num_shards, index=i).batch(batch)) for i in range(num_shards)]
+        assert len({len(b) for b in batched}) == 1  # same steps after any batch()
+
+
+def test_split_sizes():
+    assert data.split_sizes(97, 2) == (48, 1)
+    assert data.split_sizes(96, 4) == (24, 0)
+
+
+def test_seeded_shuffle_keeps_shards_disjoint_and_changes_each_epoch():
+    ds = [data.shard(tf.data.Dataset.range(40), num_shards=2, index=i, seed=3) for i in range(2)]
+    epoch1 = [list(d.as_numpy_iterator()) for d in ds]
+    epoch2 = [list(d.as_numpy_iterator()) for d in ds]
+    assert sorted(epoch1[0] + epoch1[1]) == list(range(40))
+    assert sorted(epoch2[0] + epoch2[1]) == list(range(40))
+    assert epoch1 != epoch2
+    again = [list(data.shard(tf.data.Dataset.range(40), num_shards=2, index=i, seed=3).as_numpy_iterator())
+             for i in range(2)]
+    assert again == epoch1  # same seed, same order: what every worker computes independently
+
+
+def test_numpy_and_dicts():
+    x = np.arange(10).reshape(10, 1)
+    y = np.arange(10) * 10
+    shard = list(data.shard((x, y), num_shards=3, index=1).as_numpy_iterator())
+    assert [int(a[0]) for a, _ in shard] == [1, 4, 7]
+    d = list(data.shard({"a": x, "b": y}, num_shards=2, index=0).as_numpy_iterator())
+    assert [int(e["b"]) for e in d] == [0, 20, 40, 60, 80]
+
+
+def _write_files(tmp_path, n_files, per_file):
+    paths = []
+    for f in range(n_files):
+        path = str(tmp_path / f"part-{f}.tfrecord")
+        with tf.io.TFRecordWriter(path) as w:
+            for j in range(per_file + (f % 2)):
+                w.write(str(f * 100 + j).encode())
+        paths.append(path)
+    return paths
+
+
+@pytest.mark.parametrize("source", ["list", "list_files"])
+def test_file_policy(tmp_path, source):
+    paths = _write_files(tmp_path, 5, 4)
+    if source == "list":
+        ds = tf.data.TFRecordDataset(paths)
+    else:
+        ds = tf.data.Dataset.list_files(str(tmp_path / "*.tfrecord"), shuffle=False).interleave(
+            tf.data.TFRecordDataset, cycle_length=1)
+    assert data.reads_files(ds)
+    shards = [[int(v) for v in data.shard(ds, num_shards=2, index=i).as_numpy_iterator()] for i in range(2)]
+    assert len(shards[0]) == len(shards[1])
+    files_of = [{v // 100 for v in s} for s in shards]
+    assert not files_of[0] & files_of[1]  # each worker reads its own files
+    assert data.shard(ds, num_shards=2, index=0, policy="auto").cardinality() == len(shards[0])
+
+
+def test_file_policy_errors(tmp_path):
+    paths = _write_files(tmp_path, 2, 3)
+    with pytest.raises(ValueError, match="fewer files than"):
+        data.shard(tf.data.TFRecordDataset(paths), num_shards=3, index=0, policy="file")
+    with pytest.raises(ValueError, match="policy='data'"):
+        data.shard(tf.data.Dataset.range(10), num_shards=2, index=0, policy="file")
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"num_shards": 0, "index": 0}, "Received: num_shards=0"),
+        ({"num_shards": 2, "index": 2}, "Received: index=2"),
+        ({"num_shards": 2, "index": -1}, "Received: index=-1"),
+        ({"num_shards": 2, "index": 0, "policy": "rows"}, "Received: policy='rows'"),
+    ],
+)
+def test_bad_arguments(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        data.shard(tf.data.Dataset.range(10), **kwargs)
+
+
+def test_infinite_and_too_small():
+    with pytest.raises(ValueError, match="infinite cardinality"):
+        data.shard(tf.data.Dataset.range(5).repeat(), num_shards=2, index=0)
+    with pytest.raises(ValueError, match="Received: a dataset of 1 elements for num_shards=2"):
+        data.shard(tf.data.Dataset.range(1), num_shards=2, index=0)
+    with pytest.raises(TypeError, match="Received: dataset of type str"):
+        data.shard("data.csv", num_shards=2, index=0)
+
+
+def test_remainder_reported_once(caplog):
+    data.shard(tf.data.Dataset.range(97), num_shards=2, index=0)
+    assert "dropped 1 of 97" in caplog.text
