@@ -20,16 +20,27 @@ _HOOKS = [
 ]
 
 
-class RankZeroOnly(HvdCallback):
-    """Runs another callback's hooks on rank 0 only (build it with `rank_zero_only`)."""
+# After these hooks a file written by rank 0 may be read by anyone: with `wait`, everyone waits for it.
+_WAIT_HOOKS = {"on_epoch_end", "on_train_end"}
 
-    def __init__(self, callback: keras.callbacks.Callback):
+
+class RankZeroOnly(HvdCallback):
+    """Runs another callback's hooks on rank 0 only (build it with `rank_zero_only`).
+
+    Args:
+        callback: the Keras callback.
+        wait: after `on_epoch_end` and `on_train_end`, every rank waits until rank 0 has finished the hook
+            (so a file it wrote is there for all); collective, so every rank must have this callback.
+    """
+
+    def __init__(self, callback: keras.callbacks.Callback, wait: bool = False):
         super().__init__()
         if not isinstance(callback, keras.callbacks.Callback):
             raise TypeError(
                 f"`callback` must be a keras.callbacks.Callback instance. Received: callback={callback!r}"
             )
         self.callback = callback
+        self.wait = wait
 
     def set_model(self, model):
         super().set_model(model)
@@ -42,9 +53,13 @@ class RankZeroOnly(HvdCallback):
 
 def _forward(name):
     def hook(self, *args, **kwargs):
+        result = None
         if saving.is_rank_zero():
-            return getattr(self.callback, name)(*args, **kwargs)
-        return None
+            with saving.solo():
+                result = getattr(self.callback, name)(*args, **kwargs)
+        if self.wait and name in _WAIT_HOOKS:
+            saving.barrier()
+        return result
 
     hook.__name__ = name
     return hook
@@ -54,13 +69,13 @@ for _name in _HOOKS:
     setattr(RankZeroOnly, _name, _forward(_name))
 
 
-def rank_zero_only(callback: keras.callbacks.Callback) -> RankZeroOnly:
-    """Makes any Keras callback act on rank 0 only.
+def rank_zero_only(callback: keras.callbacks.Callback, wait: bool = False) -> RankZeroOnly:
+    """Makes any Keras callback act on rank 0 only (see `RankZeroOnly` for `wait`).
 
     Example:
         >>> cb = hvdkeras.callbacks.rank_zero_only(keras.callbacks.ModelCheckpoint("ckpt-{epoch:02d}.keras"))
     """
-    return RankZeroOnly(callback)
+    return RankZeroOnly(callback, wait=wait)
 
 
 class _RankZeroHooks:
@@ -71,7 +86,8 @@ for _name in _HOOKS:
 
     def _gated(self, *args, _name=_name, **kwargs):
         if saving.is_rank_zero():
-            return getattr(super(_RankZeroHooks, self), _name)(*args, **kwargs)
+            with saving.solo():
+                return getattr(super(_RankZeroHooks, self), _name)(*args, **kwargs)
         return None
 
     _gated.__name__ = _name
@@ -115,6 +131,10 @@ class BackupAndRestore(keras.callbacks.BackupAndRestore):
     def _save_model(self):
         if not saving.is_rank_zero():
             return
+        with saving.solo():
+            self._write_backup()
+
+    def _write_backup(self):
         os.makedirs(self.backup_dir, exist_ok=True)
         with saving.atomic_path(self._weights_path) as tmp:
             self.model.save_weights(tmp, overwrite=True)

@@ -52,6 +52,45 @@ def split_sizes(n: int, num_shards: int) -> tuple[int, int]:
     return n // num_shards, n % num_shards
 
 
+def shard_arrays(
+    arrays: Any, *, num_shards: int | None = None, index: int | None = None, equal: bool = True
+) -> Any:
+    """This worker's rows of numpy arrays (a nested structure of arrays with equal first dimensions).
+
+    Rows `index, index + num_shards, ...` of the first `num_shards * (n // num_shards)` rows, so every worker
+    gets `n // num_shards` rows; `None` entries stay `None`. This keeps arrays as arrays, so `fit`'s
+    `batch_size` and `shuffle` still apply. With `equal=False` no row is dropped (shards differ by at most
+    one row): right for evaluation, which needs no equal steps.
+
+    Raises:
+        ValueError: fewer rows than shards, or arrays of different lengths.
+
+    Example:
+        >>> x_mine, y_mine = hvdkeras.data.shard_arrays((x, y))
+    """
+    import keras
+
+    num_shards = _check_int("num_shards", C.size() if num_shards is None else num_shards, 1)
+    index = _check_int("index", C.rank() if index is None else index, 0, num_shards)
+    lengths = {int(np.shape(a)[0]) for a in keras.tree.flatten(arrays) if a is not None}
+    if len(lengths) > 1:
+        raise ValueError(f"All arrays must have the same number of rows. Received: lengths {sorted(lengths)}")
+    n = lengths.pop() if lengths else 0
+    per_shard, dropped = split_sizes(n, num_shards)
+    if not equal:
+        return keras.tree.map_structure(lambda a: None if a is None else a[index::num_shards], arrays)
+    if per_shard == 0:
+        raise ValueError(
+            f"shard_arrays() needs at least one row per shard. Received: {n} rows for num_shards={num_shards}"
+        )
+    if dropped and saving.is_rank_zero():
+        log.warning("hvdkeras.data.shard_arrays: dropped %d of %d rows so each of %d workers gets %d.",
+                    dropped, n, num_shards, per_shard)
+    return keras.tree.map_structure(
+        lambda a: None if a is None else a[: per_shard * num_shards][index::num_shards], arrays
+    )
+
+
 def reads_files(dataset: tf.data.Dataset) -> bool:
     """True when the pipeline's source is a file reader (TFRecord, text lines, fixed-length records)."""
     graph = graph_pb2.GraphDef()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import os
 import tempfile
+import threading
 from typing import Any, Callable, Iterator
 
 import keras
@@ -23,15 +24,32 @@ def barrier() -> None:
         C.barrier()
 
 
+_solo = threading.local()
+
+
+@contextlib.contextmanager
+def solo() -> Iterator[None]:
+    """Marks code that runs on one rank only (a rank-0-only callback): `on_rank_zero` inside it never waits
+    for the other ranks, who are not there to wait with."""
+    previous = getattr(_solo, "active", False)
+    _solo.active = True
+    try:
+        yield
+    finally:
+        _solo.active = previous
+
+
 def on_rank_zero(fn: Callable[..., Any], *args: Any, wait: bool = True, **kwargs: Any) -> Any:
     """Calls `fn` on rank 0 only; with `wait`, the other ranks wait until it has finished.
 
-    Every rank must call this (it is a collective when `wait` is True). An exception on rank 0 is raised
-    there after the others have been released, so nobody hangs on it.
+    Every rank must call this (it is a collective when `wait` is True), except inside `solo()`. An exception
+    on rank 0 is raised there after the others have been released, so nobody hangs on it.
 
     Returns:
         fn's result on rank 0, None elsewhere.
     """
+    if getattr(_solo, "active", False):
+        return fn(*args, **kwargs) if is_rank_zero() else None
     result, error = None, None
     if is_rank_zero():
         try:

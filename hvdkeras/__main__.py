@@ -1,0 +1,57 @@
+"""`python -m hvdkeras [options] script.py [args]`: run an unmodified Keras script as one worker.
+
+Launch it with any launcher (`horovodrun`, `mpirun`, `srun`), or use `hvdkeras run -np N script.py`, which
+starts horovodrun with this on every worker. `python -m hvdkeras run|check ...` is the `hvdkeras` command.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import runpy
+import sys
+from typing import Sequence
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] in ("run", "check"):
+        from hvdkeras import cli
+
+        return cli.main(argv)
+    from hvdkeras.cli import add_wrap_options
+
+    parser = argparse.ArgumentParser(
+        prog="python -m hvdkeras",
+        description="Run an unmodified Keras 3 training script as one worker of a data-parallel job.",
+    )
+    add_wrap_options(parser)
+    parser.add_argument("script", help="the Keras training script")
+    parser.add_argument("script_args", nargs=argparse.REMAINDER, help="arguments for the script")
+    ns = parser.parse_args(argv)
+    if not os.path.isfile(ns.script):
+        print(f"python -m hvdkeras: error: the training script does not exist. Received: script={ns.script!r}",
+              file=sys.stderr)
+        return 2
+
+    import hvdkeras
+    from hvdkeras import wrap
+
+    try:
+        given = {name: getattr(ns, name) for name in ("lr_scaling", "warmup_epochs", "fp16_allreduce",
+                                                      "backward_passes_per_step", "no_shard", "report_dir")
+                 if getattr(ns, name) is not None}
+        options = wrap.Options(**{**wrap.options_from_env(), **given})
+    except (TypeError, ValueError) as err:
+        print(f"python -m hvdkeras: error: {err}", file=sys.stderr)
+        return 2
+    hvdkeras.init()
+    wrap.install(options)
+    sys.argv = [ns.script, *ns.script_args]
+    sys.path.insert(0, os.path.dirname(os.path.abspath(ns.script)))
+    runpy.run_path(ns.script, run_name="__main__")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

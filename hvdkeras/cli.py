@@ -1,0 +1,250 @@
+"""`hvdkeras run | check`: parse -> validate -> pure build_command -> exec.
+
+    hvdkeras run -np 2 [-H host1:2,host2:2] [--lr-scaling linear] [...] train.py [script args]
+    hvdkeras check
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import re
+import shutil
+import subprocess
+import sys
+import textwrap
+from typing import Callable, Sequence
+
+EXIT_USAGE = 2
+_HOST = re.compile(r"^[A-Za-z0-9_.\-\[\]:]*[A-Za-z0-9_.\-\]]:(\d+)$")
+
+
+class UsageError(ValueError):
+    """A bad command line: reported with exit code 2 before anything is started."""
+
+
+def add_wrap_options(parser: argparse.ArgumentParser) -> None:
+    """The options of `python -m hvdkeras` (also accepted, and forwarded, by `hvdkeras run`).
+
+    Defaults are None so that HVDKERAS_* environment variables apply where a flag is not given.
+    """
+    group = parser.add_argument_group("training options (also as HVDKERAS_<NAME> environment variables)")
+    group.add_argument("--lr-scaling", choices=["linear", "sqrt", "none"], default=None,
+                       help="scale the script's learning rate with the number of workers (default: linear)")
+    group.add_argument("--warmup-epochs", type=float, default=None,
+                       help="warm the scaled learning rate up over this many epochs (default: 1; 0 turns it off)")
+    group.add_argument("--fp16-allreduce", action="store_const", const=True, default=None,
+                       help="send gradients as float16")
+    group.add_argument("--backward-passes-per-step", type=int, default=None,
+                       help="accumulate gradients locally over K batches per allreduce (default: 1)")
+    group.add_argument("--no-shard", action="store_const", const=True, default=None,
+                       help="do not shard fit/evaluate data (for scripts that shard themselves)")
+    group.add_argument("--report-dir", default=None,
+                       help="each worker writes a JSON summary (steps per fit, weights digest) here")
+
+
+_WRAP_FLAGS = ("lr_scaling", "warmup_epochs", "fp16_allreduce", "backward_passes_per_step", "no_shard", "report_dir")
+
+
+def wrap_flags(ns: argparse.Namespace) -> list[str]:
+    """The training options that were given, as command-line flags again (to forward to each worker)."""
+    out: list[str] = []
+    for name in _WRAP_FLAGS:
+        value = getattr(ns, name, None)
+        if value is None:
+            continue
+        flag = "--" + name.replace("_", "-")
+        if value is True:
+            out.append(flag)
+        else:
+            out += [flag, f"{value:g}" if isinstance(value, float) else str(value)]
+    return out
+
+
+@dataclasses.dataclass(frozen=True)
+class RunConfig:
+    np: int
+    hosts: str
+    script: str
+    script_args: tuple[str, ...]
+    forwarded: tuple[str, ...]
+    controller: str
+    python: str
+    horovodrun: str
+    min_np: int | None = None
+    max_np: int | None = None
+    host_discovery_script: str | None = None
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="hvdkeras", description="Data-parallel Keras 3 training with Horovod.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    run = sub.add_parser("run", help="run a Keras script on N workers (horovodrun)")
+    run.add_argument("-np", "--num-proc", dest="np", type=int, required=True, help="number of workers")
+    run.add_argument("-H", "--hosts", default=None, help="host1:slots,host2:slots (default: localhost:N)")
+    ctrl = run.add_mutually_exclusive_group()
+    ctrl.add_argument("--gloo", dest="controller", action="store_const", const="gloo",
+                      help="use Gloo (the default)")
+    ctrl.add_argument("--mpi", dest="controller", action="store_const", const="mpi", help="use MPI")
+    run.add_argument("--min-np", type=int, default=None, help="elastic: fewest workers to keep training")
+    run.add_argument("--max-np", type=int, default=None, help="elastic: most workers")
+    run.add_argument("--host-discovery-script", default=None, help="elastic: prints host:slots lines")
+    add_wrap_options(run)
+    run.add_argument("script", help="the Keras training script")
+    run.add_argument("script_args", nargs=argparse.REMAINDER, help="arguments for the script")
+    check = sub.add_parser("check", help="print versions and build, run a real 2-process allreduce")
+    check.add_argument("--timeout", type=float, default=180.0, help="seconds for the 2-process test")
+    return parser
+
+
+def _find_horovodrun(which: Callable[[str], str | None], python: str = sys.executable) -> str | None:
+    beside = os.path.join(os.path.dirname(python), "horovodrun")
+    if os.path.isfile(beside) and os.access(beside, os.X_OK):
+        return beside
+    return which("horovodrun")
+
+
+def parse_hosts(hosts: str) -> list[tuple[str, int]]:
+    """Parses "host1:2,host2:4". Raises UsageError on anything else."""
+    out = []
+    for item in hosts.split(","):
+        match = _HOST.match(item.strip())
+        if not match or int(match.group(1)) < 1:
+            raise UsageError(
+                "-H must be a comma-separated list of host:slots with slots >= 1, for example "
+                f"'node1:2,node2:2'. Received: -H {hosts!r}"
+            )
+        host, slots = item.strip().rsplit(":", 1)
+        out.append((host, int(slots)))
+    return out
+
+
+def validate(ns: argparse.Namespace, *, which: Callable[[str], str | None] = shutil.which,
+             isfile: Callable[[str], bool] = os.path.isfile, python: str = sys.executable) -> RunConfig:
+    """Checks a parsed `run` command line; raises UsageError with what was received and what is expected."""
+    if ns.np is None or ns.np < 1:
+        raise UsageError(f"-np must be an integer >= 1. Received: -np {ns.np}")
+    if not isfile(ns.script):
+        raise UsageError(f"the training script does not exist. Received: script={ns.script!r}")
+    elastic = ns.min_np is not None or ns.max_np is not None or ns.host_discovery_script is not None
+    if ns.hosts is not None:
+        slots = sum(n for _, n in parse_hosts(ns.hosts))
+        if slots < ns.np and not elastic:
+            raise UsageError(f"-H offers {slots} slots for -np {ns.np} workers. Received: -H {ns.hosts!r}")
+        hosts = ns.hosts
+    else:
+        hosts = f"localhost:{ns.np}"
+    if elastic:
+        if ns.host_discovery_script is None or not isfile(ns.host_discovery_script):
+            raise UsageError(
+                "elastic runs (--min-np/--max-np) need an existing --host-discovery-script. "
+                f"Received: --host-discovery-script={ns.host_discovery_script!r}"
+            )
+        if ns.min_np is not None and not 1 <= ns.min_np <= ns.np:
+            raise UsageError(f"--min-np must be in [1, -np]. Received: --min-np {ns.min_np} with -np {ns.np}")
+        if ns.max_np is not None and ns.max_np < ns.np:
+            raise UsageError(f"--max-np must be >= -np. Received: --max-np {ns.max_np} with -np {ns.np}")
+    if ns.backward_passes_per_step is not None and ns.backward_passes_per_step < 1:
+        raise UsageError(
+            "--backward-passes-per-step must be >= 1. "
+            f"Received: --backward-passes-per-step {ns.backward_passes_per_step}"
+        )
+    if ns.warmup_epochs is not None and ns.warmup_epochs < 0:
+        raise UsageError(f"--warmup-epochs must be >= 0. Received: --warmup-epochs {ns.warmup_epochs:g}")
+    horovodrun = _find_horovodrun(which, python)
+    if horovodrun is None:
+        raise UsageError("horovodrun was not found beside this Python or on PATH; install Horovod (make install)")
+    return RunConfig(
+        np=ns.np, hosts=hosts, script=ns.script, script_args=tuple(ns.script_args), forwarded=tuple(wrap_flags(ns)),
+        controller=ns.controller or "gloo", python=python, horovodrun=horovodrun,
+        min_np=ns.min_np, max_np=ns.max_np, host_discovery_script=ns.host_discovery_script,
+    )
+
+
+def build_command(config: RunConfig) -> tuple[list[str], dict[str, str]]:
+    """The horovodrun command line and extra environment for a run. Pure: no I/O."""
+    argv = [config.horovodrun, "-np", str(config.np)]
+    if config.host_discovery_script is not None:
+        if config.min_np is not None:
+            argv += ["--min-np", str(config.min_np)]
+        if config.max_np is not None:
+            argv += ["--max-np", str(config.max_np)]
+        argv += ["--host-discovery-script", config.host_discovery_script]
+    else:
+        argv += ["-H", config.hosts]
+    argv.append("--gloo" if config.controller == "gloo" else "--mpi")
+    argv += [config.python, "-m", "hvdkeras", *config.forwarded, config.script, *config.script_args]
+    return argv, {"PYTHONUNBUFFERED": "1"}
+
+
+CHECK_WORKER = textwrap.dedent(
+    """
+    import hvdkeras as hvd
+    hvd.init()
+    value = [0.2, -0.1, 0.5] if hvd.rank() == 0 else [0.4, 0.0, 0.3]
+    got = [round(float(v), 6) for v in hvd.allreduce(value).numpy()]
+    assert hvd.size() == 2, hvd.size()
+    assert got == [0.3, -0.05, 0.4], got
+    print("allreduce ok", got, flush=True)
+    """
+)
+
+
+def check(timeout: float = 180.0, out=print) -> int:
+    """Prints versions, Horovod's build and the GPUs, then runs a real 2-process allreduce. 0 on PASS."""
+    try:
+        import keras
+        import tensorflow as tf
+
+        from hvdkeras import _collectives
+
+        out(f"TensorFlow {tf.__version__}, Keras {keras.__version__}, Horovod {_collectives.version()}")
+        info = _collectives.build_info()
+        out("Horovod controllers: Gloo [%s], MPI [%s]" % ("X" if info["gloo"] else " ", "X" if info["mpi"] else " "))
+        out("Horovod tensor operations: Gloo [%s], MPI [%s], NCCL [%s]"
+            % ("X" if info["gloo"] else " ", "X" if info["mpi"] else " ", "X" if info["nccl"] else " "))
+        gpus = tf.config.list_physical_devices("GPU")
+        out(f"GPUs visible: {len(gpus)}" + (" (" + ", ".join(g.name for g in gpus) + ")" if gpus else ""))
+        horovodrun = _find_horovodrun(shutil.which)
+        if horovodrun is None:
+            out("FAIL: horovodrun not found")
+            return 1
+        cmd = [horovodrun, "-np", "2", "-H", "localhost:2", "--gloo", sys.executable, "-c", CHECK_WORKER]
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        out(f"FAIL: the 2-process allreduce did not finish within {timeout:g} s")
+        return 1
+    except Exception as err:  # report, do not crash: this is a diagnostic
+        out(f"FAIL: {type(err).__name__}: {err}")
+        return 1
+    if proc.returncode != 0 or "allreduce ok" not in proc.stdout:
+        tail = (proc.stdout + proc.stderr).strip().splitlines()[-5:]
+        out("FAIL: 2-process allreduce exited with %d: %s" % (proc.returncode, " | ".join(tail)))
+        return 1
+    out("PASS: 2-process Gloo allreduce of [0.2, -0.1, 0.5] and [0.4, 0.0, 0.3] gave [0.3, -0.05, 0.4]")
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    ns = parser.parse_args(argv)
+    if ns.command == "check":
+        return check(ns.timeout)
+    try:
+        config = validate(ns)
+    except UsageError as err:
+        print(f"hvdkeras run: error: {err}", file=sys.stderr)
+        return EXIT_USAGE
+    cmd, extra_env = build_command(config)
+    env = dict(os.environ, **extra_env)
+    proc = subprocess.Popen(cmd, env=env)
+    try:
+        return proc.wait()
+    except KeyboardInterrupt:
+        proc.terminate()
+        return proc.wait()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,369 @@
+"""Patches that make an unmodified Keras 3 script data-parallel (`python -m hvdkeras script.py`).
+
+`install(options)` changes `keras.Model` for this process only:
+- `compile`: the optimizer (instance, string or config dict) is scaled by the lr rule and wrapped in a
+  DistributedOptimizer (inside a LossScaleOptimizer's place under mixed_float16); XLA is turned off.
+- `fit` / `evaluate`: datasets, arrays, dicts of arrays, `validation_split` and `validation_data` are sharded
+  with equal steps; broadcast, exact-metric (and warm-up) callbacks are added; progress on rank 0 only;
+  ModelCheckpoint / TensorBoard / CSVLogger / BackupAndRestore act on rank 0 only.
+- `save`, `save_weights`, `export`: rank 0 writes (atomically), the others wait for it.
+`predict` is left as it is.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import hashlib
+import json
+import logging
+import os
+import warnings
+from typing import Any
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from hvdkeras import _collectives as C
+from hvdkeras import callbacks as hvd_callbacks
+from hvdkeras import data, saving
+from hvdkeras.compression import Compression
+from hvdkeras.learning_rate import RULES, scale_factor
+from hvdkeras.optimizer import DistributedOptimizer, unwrap
+
+log = logging.getLogger("hvdkeras")
+
+ENV_PREFIX = "HVDKERAS_"
+
+
+@dataclasses.dataclass(frozen=True)
+class Options:
+    """What `python -m hvdkeras` / `hvdkeras run` change in the script's training.
+
+    Args:
+        lr_scaling: "linear", "sqrt" or "none".
+        warmup_epochs: learning-rate warm-up epochs when the rate was scaled (0: none).
+        fp16_allreduce: send gradients as float16.
+        backward_passes_per_step: local gradient accumulation steps per allreduce.
+        no_shard: leave the data as it is (scripts that shard themselves).
+        report_dir: each worker writes a JSON summary (steps per fit, final weights digest) here.
+    """
+
+    lr_scaling: str = "linear"
+    warmup_epochs: float = 1
+    fp16_allreduce: bool = False
+    backward_passes_per_step: int = 1
+    no_shard: bool = False
+    report_dir: str | None = None
+
+    def __post_init__(self):
+        if self.lr_scaling not in RULES:
+            raise ValueError(f"`lr_scaling` must be one of {RULES}. Received: lr_scaling={self.lr_scaling!r}")
+        if isinstance(self.warmup_epochs, bool) or not isinstance(self.warmup_epochs, (int, float)) \
+                or not np.isfinite(self.warmup_epochs) or self.warmup_epochs < 0:
+            raise ValueError(f"`warmup_epochs` must be a number >= 0. Received: warmup_epochs={self.warmup_epochs!r}")
+        bpps = self.backward_passes_per_step
+        if isinstance(bpps, bool) or not isinstance(bpps, int) or bpps < 1:
+            raise ValueError(
+                f"`backward_passes_per_step` must be an integer >= 1. Received: backward_passes_per_step={bpps!r}"
+            )
+
+
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"", "0", "false", "no", "off"}
+
+
+def _env_bool(name: str, value: str) -> bool:
+    low = value.strip().lower()
+    if low in _TRUE:
+        return True
+    if low in _FALSE:
+        return False
+    raise ValueError(f"{name} must be one of 1/0/true/false/yes/no. Received: {name}={value!r}")
+
+
+def options_from_env(environ: dict | None = None) -> dict:
+    """Options given as HVDKERAS_* environment variables, for launchers that cannot pass flags."""
+    environ = os.environ if environ is None else environ
+    out: dict[str, Any] = {}
+    for field in dataclasses.fields(Options):
+        name = ENV_PREFIX + field.name.upper()
+        if name not in environ:
+            continue
+        raw = environ[name]
+        try:
+            if field.name in ("fp16_allreduce", "no_shard"):
+                out[field.name] = _env_bool(name, raw)
+            elif field.name == "backward_passes_per_step":
+                out[field.name] = int(raw)
+            elif field.name == "warmup_epochs":
+                out[field.name] = float(raw) if "." in raw else int(raw)
+            else:
+                out[field.name] = raw
+        except ValueError as err:
+            if str(err).startswith(name):
+                raise
+            raise ValueError(f"{name} has a bad value. Received: {name}={raw!r}") from None
+    return out
+
+
+_state: dict[str, Any] = {"options": None, "originals": {}, "warned": set(), "fits": []}
+
+
+def _warn_once(key: str, message: str) -> None:
+    if key not in _state["warned"]:
+        _state["warned"].add(key)
+        if saving.is_rank_zero():
+            warnings.warn(f"hvdkeras: {message}", stacklevel=3)
+
+
+def installed() -> bool:
+    return _state["options"] is not None
+
+
+def install(options: Options | None = None) -> None:
+    """Makes `keras.Model` data-parallel in this process (idempotent; `uninstall` undoes it)."""
+    if installed():
+        _state["options"] = options or Options()
+        return
+    _state["options"] = options or Options()
+    for name, replacement in (("compile", _compile), ("fit", _fit), ("evaluate", _evaluate),
+                              ("save", _save), ("save_weights", _save_weights), ("export", _export)):
+        original = getattr(keras.Model, name)
+        _state["originals"][name] = original
+        setattr(keras.Model, name, _bind(original, replacement))
+
+
+def _bind(original, replacement):
+    @functools.wraps(original)
+    def method(self, *args, **kwargs):
+        return replacement(original, self, *args, **kwargs)
+
+    return method
+
+
+def uninstall() -> None:
+    for name, original in _state["originals"].items():
+        setattr(keras.Model, name, original)
+    _state["originals"].clear()
+    _state["options"] = None
+
+
+def _opts() -> Options:
+    return _state["options"]
+
+
+# ---------------------------------------------------------------------------------------------- compile
+def _compile(original, model, optimizer="rmsprop", *args, **kwargs):
+    opts = _opts()
+    if optimizer is not None and not isinstance(optimizer, DistributedOptimizer):
+        optimizer = keras.optimizers.get(optimizer)
+        factor = scale_factor(opts.lr_scaling)
+        base = unwrap(optimizer)
+        scaled = False
+        if factor != 1.0:
+            if isinstance(base._learning_rate, keras.optimizers.schedules.LearningRateSchedule):
+                from hvdkeras.learning_rate import ScaledLearningRateSchedule
+
+                base.learning_rate = ScaledLearningRateSchedule(base._learning_rate, factor)
+            elif callable(base._learning_rate) and not isinstance(base._learning_rate, keras.Variable):
+                _warn_once("lr-callable", "the learning rate is a callable: it is not scaled with the world size")
+            else:
+                base.learning_rate = float(base.learning_rate) * factor
+                scaled = True
+        mixed = model.dtype_policy.name == "mixed_float16" and kwargs.get("auto_scale_loss", True)
+        if mixed and not isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
+            # What compile would do, but inside the DistributedOptimizer: the finiteness check must see
+            # the reduced gradients.
+            optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
+        optimizer = DistributedOptimizer(
+            optimizer,
+            compression=Compression.fp16 if opts.fp16_allreduce else Compression.none,
+            backward_passes_per_step=opts.backward_passes_per_step,
+        )
+        model._hvdkeras_warmup_lr = float(unwrap(optimizer).learning_rate) if scaled else None
+    if kwargs.get("jit_compile", "auto") not in (False, None) and optimizer is not None:
+        if kwargs.get("jit_compile") is True:
+            _warn_once("xla", "jit_compile turned off: Horovod's collectives cannot be compiled by XLA")
+        kwargs["jit_compile"] = False
+    return original(model, optimizer, *args, **kwargs)
+
+
+# ------------------------------------------------------------------------------------------ fit / evaluate
+def _is_arrays(value: Any) -> bool:
+    leaves = [v for v in keras.tree.flatten(value) if v is not None]
+    return bool(leaves) and all(isinstance(v, np.ndarray) or tf.is_tensor(v) for v in leaves)
+
+
+def _shard_for_training(x, y, sw):
+    """Equal steps on every worker: datasets through data.shard, arrays through data.shard_arrays."""
+    if _is_arrays((x, y, sw)):
+        return data.shard_arrays((x, y, sw))
+    if isinstance(x, tf.data.Dataset):
+        return data.shard(x), y, sw
+    _unshardable(x, "x")
+    return x, y, sw
+
+
+def _shard_for_evaluation(value: Any) -> Any:
+    """Evaluation has no per-step collectives: shard without dropping anything, so the metrics are exact."""
+    if isinstance(value, tf.data.Dataset):
+        if value.cardinality() == tf.data.INFINITE_CARDINALITY:
+            _unshardable(value, "an infinite evaluation dataset")
+            return value
+        return value.shard(C.size(), C.rank())
+    if _is_arrays(value):
+        return data.shard_arrays(value, equal=False)
+    _unshardable(value, "validation data")
+    return value
+
+
+def _unshardable(value: Any, what: str) -> None:
+    if value is not None:
+        _warn_once(f"shard-{what}-{type(value).__name__}",
+                   f"{what} of type {type(value).__name__} cannot be sharded: every worker reads all of it "
+                   "(shard it in the script and run with --no-shard)")
+
+
+def _sharded_fit_inputs(kwargs: dict) -> dict:
+    x, y, sw = kwargs.get("x"), kwargs.get("y"), kwargs.get("sample_weight")
+    validation = kwargs.get("validation_data")
+    split = kwargs.get("validation_split") or 0.0
+    if split and validation is None and _is_arrays((x, y, sw)):
+        # Split the whole arrays the way Keras does (the last fraction), then shard both parts, so the
+        # workers' validation sets together are the single-worker validation set.
+        n = int(np.shape(keras.tree.flatten(x)[0])[0])
+        cut = int(np.floor(n * (1.0 - split)))
+        vx, vy, vsw = keras.tree.map_structure(lambda a: None if a is None else a[cut:], (x, y, sw))
+        x, y, sw = keras.tree.map_structure(lambda a: None if a is None else a[:cut], (x, y, sw))
+        validation = (vx, vy) if vsw is None else (vx, vy, vsw)
+        kwargs["validation_split"] = 0.0
+    kwargs["x"], kwargs["y"], kwargs["sample_weight"] = _shard_for_training(x, y, sw)
+    if validation is not None:
+        kwargs["validation_data"] = _shard_for_evaluation(validation)
+    return kwargs
+
+
+def _rank_zero_callbacks(callbacks: list) -> list:
+    out = []
+    for cb in callbacks:
+        if isinstance(cb, (hvd_callbacks.RankZeroOnly, hvd_callbacks.ModelCheckpoint, hvd_callbacks.TensorBoard,
+                           hvd_callbacks.CSVLogger, hvd_callbacks.BackupAndRestore)):
+            out.append(cb)
+        elif isinstance(cb, keras.callbacks.BackupAndRestore):
+            out.append(_as_hvd_backup(cb))
+        elif isinstance(cb, (keras.callbacks.ModelCheckpoint, keras.callbacks.TensorBoard, keras.callbacks.CSVLogger)):
+            out.append(hvd_callbacks.RankZeroOnly(cb, wait=True))
+        else:
+            out.append(cb)
+    return out
+
+
+def _as_hvd_backup(cb: keras.callbacks.BackupAndRestore) -> hvd_callbacks.BackupAndRestore:
+    return hvd_callbacks.BackupAndRestore(cb.backup_dir, save_freq=cb.save_freq,
+                                          double_checkpoint=cb.double_checkpoint,
+                                          delete_checkpoint=cb.delete_checkpoint)
+
+
+class _StepCounter(keras.callbacks.Callback):
+    def __init__(self):
+        super().__init__()
+        self.steps = 0
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.steps += 1
+
+
+def _fit(original, model, *args, **kwargs):
+    opts = _opts()
+    kwargs = _named(original, args, kwargs)
+    if not opts.no_shard:
+        kwargs = _sharded_fit_inputs(kwargs)
+    callbacks = _rank_zero_callbacks(list(kwargs.get("callbacks") or []))
+    ours = [hvd_callbacks.BroadcastGlobalVariablesCallback(0), hvd_callbacks.MetricAverageCallback()]
+    warm_lr = getattr(model, "_hvdkeras_warmup_lr", None)
+    if warm_lr is not None and opts.warmup_epochs > 0 and C.size() > 1:
+        ours.append(hvd_callbacks.LearningRateWarmupCallback(warm_lr, warmup_epochs=opts.warmup_epochs))
+    counter = _StepCounter()
+    # Ours first: their results (global metrics, identical weights) are what the script's callbacks see.
+    kwargs["callbacks"] = ours + callbacks + [counter]
+    if not saving.is_rank_zero():
+        kwargs["verbose"] = 0
+    history = original(model, **kwargs)
+    _state["fits"].append(counter.steps)
+    _report(model)
+    return history
+
+
+def _evaluate(original, model, *args, **kwargs):
+    opts = _opts()
+    kwargs = _named(original, args, kwargs)
+    if isinstance(kwargs.get("callbacks"), keras.callbacks.CallbackList) or kwargs.get("_use_cached_eval_dataset"):
+        # fit's own validation pass: its data and callbacks were prepared by our fit already.
+        return original(model, **kwargs)
+    if not opts.no_shard:
+        x, y, sw = kwargs.get("x"), kwargs.get("y"), kwargs.get("sample_weight")
+        if _is_arrays((x, y, sw)):
+            kwargs["x"], kwargs["y"], kwargs["sample_weight"] = data.shard_arrays((x, y, sw), equal=False)
+        else:
+            kwargs["x"] = _shard_for_evaluation(x)
+    kwargs["callbacks"] = [hvd_callbacks.MetricAverageCallback()] + _rank_zero_callbacks(
+        list(kwargs.get("callbacks") or []))
+    if not saving.is_rank_zero():
+        kwargs["verbose"] = 0
+    return original(model, **kwargs)
+
+
+def _named(original, args: tuple, kwargs: dict) -> dict:
+    """Positional arguments of fit/evaluate turned into keywords (after `self`)."""
+    import inspect
+
+    names = [p for p in inspect.signature(original).parameters if p != "self"]
+    named = dict(zip(names, args))
+    overlap = set(named) & set(kwargs)
+    if overlap:
+        raise TypeError(f"got multiple values for argument(s) {sorted(overlap)}")
+    named.update(kwargs)
+    return named
+
+
+# ------------------------------------------------------------------------------------------------ files
+def _write_on_rank_zero(original, model, filepath, *args, **kwargs):
+    def write():
+        if isinstance(filepath, (str, os.PathLike)) and not str(filepath).startswith(("gs://", "s3://")):
+            target = os.fspath(filepath)
+            if os.path.splitext(target)[1] in (".keras", ".h5"):
+                with saving.atomic_path(target) as tmp:
+                    return original(model, tmp, *args, **kwargs)
+        return original(model, filepath, *args, **kwargs)
+
+    return saving.on_rank_zero(write)
+
+
+def _save(original, model, filepath, *args, **kwargs):
+    return _write_on_rank_zero(original, model, filepath, *args, **kwargs)
+
+
+def _save_weights(original, model, filepath, *args, **kwargs):
+    return _write_on_rank_zero(original, model, filepath, *args, **kwargs)
+
+
+def _export(original, model, filepath, *args, **kwargs):
+    return saving.on_rank_zero(original, model, filepath, *args, **kwargs)
+
+
+# ----------------------------------------------------------------------------------------------- report
+def _report(model) -> None:
+    directory = _opts().report_dir
+    if not directory:
+        return
+    digest = hashlib.sha256()
+    for w in model.get_weights():
+        digest.update(np.ascontiguousarray(w).tobytes())
+    os.makedirs(directory, exist_ok=True)
+    path = os.path.join(directory, f"rank{C.rank()}.json")
+    with open(path + ".tmp", "w") as f:
+        json.dump({"rank": C.rank(), "size": C.size(), "fit_steps": list(_state["fits"]),
+                   "weights_sha256": digest.hexdigest()}, f)
+    os.replace(path + ".tmp", path)

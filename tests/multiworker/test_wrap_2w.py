@@ -1,0 +1,80 @@
+"""Zero code changes: an unmodified Keras script run with `hvdkeras run -np 2`, and `hvdkeras check`."""
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from launch import REPO, VENV_BIN, run_command
+
+SCRIPT = REPO / "examples" / "plain_keras_digits.py"
+EPOCHS = 2
+
+
+@pytest.fixture(scope="module")
+def two(tmp_path_factory):
+    out = tmp_path_factory.mktemp("wrap2")
+    cmd = [str(VENV_BIN / "hvdkeras"), "run", "-np", "2", "--report-dir", str(out / "report"), str(SCRIPT),
+           "--epochs", str(EPOCHS), "--out-dir", str(out / "model")]
+    job = run_command(cmd, out, timeout=300)
+    if job.returncode != 0:
+        job.fail(f"hvdkeras run exited with {job.returncode}")
+    job.out = out
+    job.reports = {r: json.loads((out / "report" / f"rank{r}.json").read_text()) for r in (0, 1)}
+    return job
+
+
+@pytest.fixture(scope="module")
+def one(tmp_path_factory):
+    out = tmp_path_factory.mktemp("wrap1")
+    cmd = [sys.executable, "-m", "hvdkeras", "--report-dir", str(out / "report"), str(SCRIPT),
+           "--epochs", str(EPOCHS), "--out-dir", str(out / "model")]
+    job = run_command(cmd, out, timeout=300)
+    if job.returncode != 0:
+        job.fail(f"python -m hvdkeras exited with {job.returncode}")
+    return json.loads((out / "report" / "rank0.json").read_text())
+
+
+def test_each_worker_runs_half_the_steps(two, one):
+    single = one["fit_steps"][0]
+    for r in (0, 1):
+        assert abs(two.reports[r]["fit_steps"][0] - single / 2) <= 1
+
+
+def test_weights_identical_on_both_ranks(two):
+    assert two.reports[0]["weights_sha256"] == two.reports[1]["weights_sha256"]
+
+
+def test_one_checkpoint_per_epoch_and_one_saved_model(two):
+    names = sorted(p.name for p in (two.out / "model").iterdir())
+    assert names == [f"ckpt-{e:02d}.keras" for e in range(1, EPOCHS + 1)] + ["digits.keras"]
+
+
+def test_progress_lines_from_rank0_only(two):
+    lines = two.output.splitlines()
+    assert any(line.startswith("[0]<stdout>:Epoch 1/") for line in lines)
+    assert not any(line.startswith("[1]<stdout>:") and ("Epoch" in line or "/step" in line) for line in lines)
+
+
+def test_saved_model_loads_with_distributed_optimizer(two):
+    import hvdkeras
+
+    model = hvdkeras.load_model(two.out / "model" / "digits.keras")
+    assert isinstance(model.optimizer, hvdkeras.DistributedOptimizer)
+
+
+def test_hvdkeras_check_passes(tmp_path):
+    job = run_command([str(VENV_BIN / "hvdkeras"), "check"], tmp_path, timeout=240)
+    assert job.returncode == 0, job.output
+    lines = job.output.strip().splitlines()
+    assert lines[-1].startswith("PASS")
+    assert any(line.startswith("TensorFlow 2.") and "Horovod 0.28.1" in line for line in lines)
+    assert any("Gloo [X]" in line for line in lines)
+
+
+def test_run_with_missing_script_fails_cleanly(tmp_path):
+    job = run_command([str(VENV_BIN / "hvdkeras"), "run", "-np", "2", str(tmp_path / "nope.py")], tmp_path,
+                      timeout=120)
+    assert job.returncode == 2 and "does not exist" in job.output
+    assert list(Path(tmp_path).iterdir()) == []

@@ -1,0 +1,93 @@
+"""The hvdkeras command: parsing, validation and the pure command builder."""
+
+import subprocess
+import sys
+
+import pytest
+
+from hvdkeras import cli, wrap
+
+
+def parse(*argv):
+    return cli.build_parser().parse_args(["run", *argv])
+
+
+def config(*argv, **kwargs):
+    kwargs.setdefault("isfile", lambda p: True)
+    kwargs.setdefault("which", lambda name: f"/usr/bin/{name}")
+    kwargs.setdefault("python", "/venv/bin/python")
+    return cli.validate(parse(*argv), **kwargs)
+
+
+def test_build_command_defaults_to_gloo_on_localhost():
+    argv, env = cli.build_command(config("-np", "2", "train.py", "--epochs", "3"))
+    assert argv == ["/usr/bin/horovodrun", "-np", "2", "-H", "localhost:2", "--gloo",
+                    "/venv/bin/python", "-m", "hvdkeras", "train.py", "--epochs", "3"]
+    assert env == {"PYTHONUNBUFFERED": "1"}
+
+
+def test_build_command_forwards_training_options_and_hosts():
+    cfg = config("-np", "4", "-H", "a:2,b:2", "--lr-scaling", "sqrt", "--warmup-epochs", "2.5",
+                 "--fp16-allreduce", "--backward-passes-per-step", "2", "--no-shard", "--mpi", "t.py")
+    argv, _ = cli.build_command(cfg)
+    assert argv[:6] == ["/usr/bin/horovodrun", "-np", "4", "-H", "a:2,b:2", "--mpi"]
+    assert argv[6:] == ["/venv/bin/python", "-m", "hvdkeras", "--lr-scaling", "sqrt", "--warmup-epochs", "2.5",
+                        "--fp16-allreduce", "--backward-passes-per-step", "2", "--no-shard", "t.py"]
+
+
+def test_build_command_elastic():
+    cfg = config("-np", "2", "--min-np", "1", "--max-np", "3", "--host-discovery-script", "d.sh", "t.py")
+    argv, _ = cli.build_command(cfg)
+    assert argv[:9] == ["/usr/bin/horovodrun", "-np", "2", "--min-np", "1", "--max-np", "3",
+                        "--host-discovery-script", "d.sh"]
+    assert "-H" not in argv
+
+
+def test_script_options_after_the_script_go_to_the_script():
+    cfg = config("-np", "2", "t.py", "--lr-scaling", "none")
+    assert cfg.script_args == ("--lr-scaling", "none") and cfg.forwarded == ()
+
+
+@pytest.mark.parametrize(
+    "argv, kwargs, match",
+    [
+        (("-np", "0", "t.py"), {}, r"-np must be an integer >= 1. Received: -np 0"),
+        (("-np", "2", "missing.py"), {"isfile": lambda p: False}, "Received: script='missing.py'"),
+        (("-np", "2", "-H", "a:x", "t.py"), {}, "Received: -H 'a:x'"),
+        (("-np", "2", "-H", "a:0", "t.py"), {}, "Received: -H 'a:0'"),
+        (("-np", "2", "-H", "a", "t.py"), {}, "Received: -H 'a'"),
+        (("-np", "3", "-H", "a:1,b:1", "t.py"), {}, "offers 2 slots for -np 3"),
+        (("-np", "2", "--backward-passes-per-step", "0", "t.py"), {}, "backward-passes-per-step 0"),
+        (("-np", "2", "--warmup-epochs", "-1", "t.py"), {}, "warmup-epochs -1"),
+        (("-np", "2", "t.py"), {"which": lambda name: None}, "horovodrun was not found"),
+        (("-np", "2", "--min-np", "1", "t.py"), {"isfile": lambda p: p == "t.py"}, "host-discovery-script"),
+    ],
+)
+def test_validation_errors(argv, kwargs, match):
+    with pytest.raises(cli.UsageError, match=match):
+        config(*argv, **kwargs)
+
+
+def test_main_exits_2_without_starting_anything(tmp_path, capsys):
+    assert cli.main(["run", "-np", "2", str(tmp_path / "nope.py")]) == cli.EXIT_USAGE
+    assert "Received: script=" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_python_m_hvdkeras_missing_script(tmp_path):
+    out = subprocess.run([sys.executable, "-m", "hvdkeras", str(tmp_path / "nope.py")], capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 2
+    assert "does not exist" in out.stderr
+
+
+def test_options_from_environment():
+    env = {"HVDKERAS_LR_SCALING": "sqrt", "HVDKERAS_WARMUP_EPOCHS": "3", "HVDKERAS_FP16_ALLREDUCE": "1",
+           "HVDKERAS_BACKWARD_PASSES_PER_STEP": "2", "HVDKERAS_NO_SHARD": "false"}
+    opts = wrap.Options(**wrap.options_from_env(env))
+    assert opts == wrap.Options(lr_scaling="sqrt", warmup_epochs=3, fp16_allreduce=True,
+                                backward_passes_per_step=2, no_shard=False)
+    with pytest.raises(ValueError, match="Received: HVDKERAS_NO_SHARD='maybe'"):
+        wrap.options_from_env({"HVDKERAS_NO_SHARD": "maybe"})
+    with pytest.raises(ValueError, match="Received: lr_scaling='cubic'"):
+        wrap.Options(**wrap.options_from_env({"HVDKERAS_LR_SCALING": "cubic"}))
