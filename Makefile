@@ -3,6 +3,8 @@
 #   PYTHON      the interpreter used to create .venv
 PYTHON ?= python3
 TF_SPEC ?= tensorflow-cpu==2.21.0
+# Keras 2 (tf-keras), only for the benchmark's comparison with Horovod's own Keras integration.
+TF_KERAS_SPEC ?= tf-keras==2.21.0
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.hvdkeras-installed
@@ -18,6 +20,7 @@ $(STAMP): setup.cfg pyproject.toml scripts/install_horovod.sh Makefile
 	$(PY) -m pip install --quiet "$(TF_SPEC)" "keras>=3.0,<4" numpy
 	bash scripts/install_horovod.sh $(PY)
 	$(PY) -m pip install --quiet -e ".[test,examples,dev]"
+	$(PY) -m pip install --quiet --no-deps "$(TF_KERAS_SPEC)"
 	$(VENV)/bin/horovodrun --check-build
 	touch $(STAMP)
 
@@ -28,10 +31,9 @@ test-fast: install
 	$(PY) -m pytest -m "not multiworker" $(PYTEST_ARGS)
 
 demo: install
-	$(VENV)/bin/horovodrun -np 2 -H localhost:2 --gloo $(PY) examples/smoke_train.py
+	$(VENV)/bin/horovodrun -np 2 -H localhost:2 --gloo $(PY) examples/keras_digits.py
 
 bench: install
-	$(PY) -m pip install --quiet -e ".[bench]"
 	$(PY) benchmarks/run_benchmarks.py
 
 lint: install

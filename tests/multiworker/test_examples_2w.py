@@ -1,0 +1,56 @@
+"""Every example and the benchmark script, smoke-run with 2 workers; the demo reaches 0.95 accuracy."""
+
+import json
+import sys
+
+import pytest
+
+from launch import REPO, VENV_BIN, run_command
+
+EXAMPLES = REPO / "examples"
+
+
+def hvdrun(script, *args):
+    return [str(VENV_BIN / "horovodrun"), "-np", "2", "-H", "localhost:2", "--gloo", sys.executable,
+            str(EXAMPLES / script), *args]
+
+
+def test_keras_digits_demo_configuration_reaches_095(tmp_path):
+    history = tmp_path / "history.json"
+    job = run_command(hvdrun("keras_digits.py", "--out-dir", str(tmp_path / "out"), "--history-out", str(history)),
+                      tmp_path, timeout=300)
+    if job.returncode != 0:
+        job.fail("keras_digits.py failed")
+    assert json.loads(history.read_text())["val_accuracy"][-1] >= 0.95
+    final = [line for line in job.output.splitlines() if "validation accuracy" in line]
+    assert len(final) == 1 and final[0].startswith("[0]<stdout>:") and "digits-12.keras" in final[0]
+    assert (tmp_path / "out" / "digits-12.keras").exists()
+
+
+@pytest.mark.parametrize(
+    "script, args, expect",
+    [
+        ("custom_loop_digits.py", ["--epochs", "1", "--steps", "5"], "validation accuracy"),
+        ("synthetic_benchmark.py", ["--model", "MobileNetV3Small", "--image-size", "32", "--batch-size", "4",
+                                    "--num-iters", "1", "--num-batches-per-iter", "1", "--num-warmup-batches", "1"],
+         "Total img/sec on 2 worker(s)"),
+    ],
+)
+def test_example_smoke(tmp_path, script, args, expect):
+    job = run_command(hvdrun(script, *args), tmp_path, timeout=300)
+    if job.returncode != 0:
+        job.fail(f"{script} failed")
+    assert any(line.startswith("[0]<stdout>:") and expect in line for line in job.output.splitlines())
+
+
+def test_benchmark_script_smoke(tmp_path):
+    job = run_command([sys.executable, str(REPO / "benchmarks" / "run_benchmarks.py"), "--quick", "--out",
+                       str(tmp_path / "bench")], tmp_path, timeout=600)
+    if job.returncode != 0:
+        job.fail("run_benchmarks.py --quick failed")
+    results = json.loads((tmp_path / "bench" / "bench.json").read_text())
+    assert (tmp_path / "bench" / "bench.png").stat().st_size > 10_000
+    assert set(results["overhead"]["step_ms"]) == {"hvdkeras_fit", "raw_horovod_loop", "horovod_keras2_fit"}
+    assert results["scaling"]["efficiency"] > 0
+    assert set(results["gradpath"]) == {"1", "4"}
+    assert len(results["time_to_accuracy"]["val_accuracy_2"]) == 2
