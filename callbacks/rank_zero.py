@@ -95,7 +95,15 @@ for _name in _HOOKS:
 
 
 class ModelCheckpoint(_RankZeroHooks, keras.callbacks.ModelCheckpoint):
-    """`keras.callbacks.ModelCheckpoint` that saves on rank 0 only (same arguments)."""
+    """`keras.callbacks.ModelCheckpoint` that saves on rank 0 only (same arguments).
+
+    Each file is written under a temporary name and renamed when complete: a crash during a save never
+    leaves a truncated checkpoint under the final name.
+    """
+
+    def _save_model(self, epoch, batch, logs):
+        with saving.atomic_model_writes(self.model):
+            return super()._save_model(epoch, batch, logs)
 
 
 class TensorBoard(_RankZeroHooks, keras.callbacks.TensorBoard):

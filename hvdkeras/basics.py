@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import hashlib
 import logging
-from typing import Any, Iterable
+import os
+from typing import Any, Iterable, Sequence
 
 import numpy as np
 import tensorflow as tf
@@ -154,19 +156,80 @@ def tf_variable(variable: Any) -> tf.Variable:
     )
 
 
-def broadcast_variables(variables: Iterable[Any], root_rank: int = 0) -> None:
+def _describe(variable: Any) -> tuple[str, tuple, str]:
+    name = getattr(variable, "path", None) or getattr(variable, "name", "?")
+    dtype = variable.dtype
+    return str(name), tuple(int(d) if d is not None else -1 for d in variable.shape), getattr(dtype, "name", str(dtype))
+
+
+def check_same_variables(variables: Sequence[Any]) -> None:
+    """Raises on every worker, naming the first variable that differs, when workers hold different models.
+
+    One allgather of a digest of the shapes and dtypes (names may differ legitimately: Keras numbers layers
+    per process); only on a mismatch are the full lists exchanged to say where.
+
+    Raises:
+        ValueError: the variables differ in number, shape or dtype between workers.
+    """
+    if not C.is_initialized() or C.size() == 1:
+        return
+    described = [_describe(v) for v in variables]
+    digest = hashlib.sha256(repr([(shape, dtype) for _, shape, dtype in described]).encode()).hexdigest()
+    digests = C.allgather_object(digest, name="hvdkeras.check_models.digest")
+    if len(set(digests)) == 1:
+        return
+    everyone = C.allgather_object(described, name="hvdkeras.check_models.variables")
+    raise ValueError(_mismatch_message(everyone))
+
+
+def _mismatch_message(everyone: list[list[tuple[str, tuple, str]]]) -> str:
+    def show(entry):
+        name, shape, dtype = entry
+        return f"{name!r} shape={shape} dtype={dtype}"
+
+    reference = everyone[0]
+    for rank, mine in enumerate(everyone[1:], start=1):
+        for i in range(max(len(reference), len(mine))):
+            a = reference[i] if i < len(reference) else None
+            b = mine[i] if i < len(mine) else None
+            if a is None or b is None or a[1:] != b[1:]:
+                detail = (
+                    f"variable #{i}: rank 0 has {show(a) if a else 'nothing'}, "
+                    f"rank {rank} has {show(b) if b else 'nothing'}"
+                )
+                return (
+                    "The workers built different models, so their gradients cannot be averaged. First "
+                    f"difference at {detail} (rank 0 has {len(reference)} variables, rank {rank} has {len(mine)}). "
+                    "Build the same model on every worker. To skip this check, pass check_models=False to "
+                    "BroadcastGlobalVariablesCallback or set HVDKERAS_CHECK_MODELS=0."
+                )
+    return "The workers built different models (their variable digests differ)."
+
+
+def broadcast_variables(variables: Iterable[Any], root_rank: int = 0, check: bool | None = None) -> None:
     """Sets every worker's variables to root_rank's values, in place.
 
-    Works with Keras 3 `keras.Variable`s (which have no `.ref()`) and with `tf.Variable`s.
+    Works with Keras 3 `keras.Variable`s (which have no `.ref()`) and with `tf.Variable`s. First checks that
+    every worker holds the same variables (shapes and dtypes), so different models fail at once with the
+    first variable that differs instead of hanging or failing later in a collective.
 
     Args:
         variables: the variables, in the same order on every worker.
         root_rank: the worker whose values are kept.
+        check: compare the workers' variables first; default True unless HVDKERAS_CHECK_MODELS=0.
+
+    Raises:
+        ValueError: the workers' variables differ (see `check_same_variables`), or a bad root_rank.
 
     Example:
         >>> hvd.broadcast_variables(model.variables, root_rank=0)
     """
     _check_root_rank(root_rank)
+    variables = list(variables)
+    if check is None:
+        check = os.environ.get("HVDKERAS_CHECK_MODELS", "1").strip().lower() not in ("0", "false", "no", "off")
+    if check:
+        check_same_variables(variables)
     C.broadcast_variables([tf_variable(v) for v in variables], root_rank)
 
 

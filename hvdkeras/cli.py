@@ -17,6 +17,10 @@ import textwrap
 from typing import Callable, Sequence
 
 EXIT_USAGE = 2
+# How long a worker may stop answering before the others give up (Horovod's Gloo timeout). The workers'
+# background threads exchange messages every few milliseconds whatever training does, so this measures
+# whether a process is alive, not how long a step takes: a slow first step does not trip it.
+DEFAULT_STALL_TIMEOUT = 60.0
 _HOST = re.compile(r"^[A-Za-z0-9_.\-\[\]:]*[A-Za-z0-9_.\-\]]:(\d+)$")
 
 
@@ -75,6 +79,7 @@ class RunConfig:
     min_np: int | None = None
     max_np: int | None = None
     host_discovery_script: str | None = None
+    stall_timeout: float = 60.0
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -90,6 +95,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--min-np", type=int, default=None, help="elastic: fewest workers to keep training")
     run.add_argument("--max-np", type=int, default=None, help="elastic: most workers")
     run.add_argument("--host-discovery-script", default=None, help="elastic: prints host:slots lines")
+    run.add_argument("--stall-timeout", type=float, default=None,
+                     help="seconds a worker may stop answering before the job fails "
+                          f"(default {DEFAULT_STALL_TIMEOUT:g}, or HVDKERAS_STALL_TIMEOUT)")
     add_wrap_options(run)
     run.add_argument("script", help="the Keras training script")
     run.add_argument("script_args", nargs=argparse.REMAINDER, help="arguments for the script")
@@ -152,13 +160,22 @@ def validate(ns: argparse.Namespace, *, which: Callable[[str], str | None] = shu
         )
     if ns.warmup_epochs is not None and ns.warmup_epochs < 0:
         raise UsageError(f"--warmup-epochs must be >= 0. Received: --warmup-epochs {ns.warmup_epochs:g}")
+    stall = ns.stall_timeout
+    if stall is None:
+        raw = os.environ.get("HVDKERAS_STALL_TIMEOUT")
+        try:
+            stall = float(raw) if raw else DEFAULT_STALL_TIMEOUT
+        except ValueError:
+            raise UsageError(f"HVDKERAS_STALL_TIMEOUT must be a number of seconds. Received: {raw!r}") from None
+    if not stall > 0:
+        raise UsageError(f"--stall-timeout must be > 0 seconds. Received: --stall-timeout {stall:g}")
     horovodrun = _find_horovodrun(which, python)
     if horovodrun is None:
         raise UsageError("horovodrun was not found beside this Python or on PATH; install Horovod (make install)")
     return RunConfig(
         np=ns.np, hosts=hosts, script=ns.script, script_args=tuple(ns.script_args), forwarded=tuple(wrap_flags(ns)),
         controller=ns.controller or "gloo", python=python, horovodrun=horovodrun,
-        min_np=ns.min_np, max_np=ns.max_np, host_discovery_script=ns.host_discovery_script,
+        min_np=ns.min_np, max_np=ns.max_np, host_discovery_script=ns.host_discovery_script, stall_timeout=stall,
     )
 
 
@@ -175,7 +192,7 @@ def build_command(config: RunConfig) -> tuple[list[str], dict[str, str]]:
         argv += ["-H", config.hosts]
     argv.append("--gloo" if config.controller == "gloo" else "--mpi")
     argv += [config.python, "-m", "hvdkeras", *config.forwarded, config.script, *config.script_args]
-    return argv, {"PYTHONUNBUFFERED": "1"}
+    return argv, {"PYTHONUNBUFFERED": "1", "HOROVOD_GLOO_TIMEOUT_SECONDS": f"{config.stall_timeout:g}"}
 
 
 CHECK_WORKER = textwrap.dedent(
@@ -238,12 +255,94 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_USAGE
     cmd, extra_env = build_command(config)
     env = dict(os.environ, **extra_env)
-    proc = subprocess.Popen(cmd, env=env)
+    return stream(cmd, env)
+
+
+_FAILED = re.compile(rb"^Process (\d+) exit with status code (-?\d+)")
+
+
+def failure_summary(line: bytes, seen: dict) -> None:
+    """Records the first worker that horovodrun reports as failed (rank -> exit code)."""
+    match = _FAILED.match(line.strip())
+    if match and int(match.group(2)) != 0 and not seen:
+        seen[int(match.group(1))] = int(match.group(2))
+
+
+class StallWatch:
+    """Watches the local worker processes of a job; remembers the ranks whose process was stopped.
+
+    When a worker stops answering, the others fail with a Gloo timeout that cannot say whom they waited
+    for; on this host the process table can (a SIGSTOPped or suspended process is in state "stopped").
+    """
+
+    def __init__(self, pid: int, interval: float = 0.5):
+        import threading
+
+        self.pid = pid
+        self.interval = interval
+        self.stopped: set[int] = set()
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        import psutil
+
+        try:
+            root = psutil.Process(self.pid)
+        except psutil.NoSuchProcess:
+            return
+        while not self._done.wait(self.interval):
+            try:
+                children = root.children(recursive=True)
+            except psutil.NoSuchProcess:
+                return
+            for child in children:
+                try:
+                    if child.status() == psutil.STATUS_STOPPED:
+                        rank = child.environ().get("HOROVOD_RANK")
+                        if rank is not None:
+                            self.stopped.add(int(rank))
+                except (psutil.NoSuchProcess, psutil.AccessDenied):
+                    continue
+
+    def close(self) -> None:
+        self._done.set()
+        self._thread.join(timeout=5)
+
+
+def stream(cmd: list[str], env: dict) -> int:
+    """Runs horovodrun, passing its rank-prefixed output through; on failure names the rank that failed first
+    (or the rank that stopped answering)."""
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    watch = StallWatch(proc.pid)
+    failed: dict = {}
+    out = sys.stdout.buffer
     try:
-        return proc.wait()
+        for line in iter(proc.stdout.readline, b""):
+            out.write(line)
+            out.flush()
+            failure_summary(line, failed)
+        code = proc.wait()
     except KeyboardInterrupt:
         proc.terminate()
-        return proc.wait()
+        code = proc.wait()
+    finally:
+        watch.close()
+    if code != 0:
+        if watch.stopped:
+            ranks = ", ".join(str(r) for r in sorted(watch.stopped))
+            print(f"hvdkeras run: the job failed: rank {ranks} stopped answering (its process was stopped); the "
+                  f"others gave up after waiting {env.get('HOROVOD_GLOO_TIMEOUT_SECONDS', '?')} s "
+                  "(--stall-timeout).", file=sys.stderr, flush=True)
+        elif failed:
+            (rank, worker_code), = failed.items()
+            how = f"killed by signal {-worker_code}" if worker_code < 0 else f"exit code {worker_code}"
+            print(f"hvdkeras run: the job failed: rank {rank} failed first ({how}); the other workers were stopped.",
+                  file=sys.stderr, flush=True)
+        else:
+            print(f"hvdkeras run: the job failed (horovodrun exit code {code}).", file=sys.stderr, flush=True)
+    return code
 
 
 if __name__ == "__main__":

@@ -8,7 +8,7 @@ elements, dropping at most `num_shards - 1` of them (or batches, when sharding a
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 import tensorflow as tf
@@ -89,6 +89,61 @@ def shard_arrays(
     return keras.tree.map_structure(
         lambda a: None if a is None else a[: per_shard * num_shards][index::num_shards], arrays
     )
+
+
+def check_steps(data: Any, steps_per_epoch: int | None, batch_size: int | None = None) -> None:
+    """Raises when `steps_per_epoch` asks for more batches than this worker's shard holds.
+
+    Args:
+        data: this worker's dataset (batched) or arrays.
+        steps_per_epoch: what `fit` was given.
+        batch_size: for arrays, the batch size `fit` uses (Keras's default 32 when None).
+
+    Raises:
+        ValueError: steps_per_epoch is larger than the number of batches in the shard.
+    """
+    if steps_per_epoch is None:
+        return
+    if isinstance(data, tf.data.Dataset):
+        batches = int(data.cardinality())
+        if batches < 0:  # infinite (repeat) or unknown: nothing to check
+            return
+    else:
+        import keras
+
+        leaves = [a for a in keras.tree.flatten(data) if a is not None]
+        if not leaves:
+            return
+        rows = int(np.shape(leaves[0])[0])
+        batches = -(-rows // (batch_size or 32))
+    if steps_per_epoch > batches:
+        workers = C.size() if C.is_initialized() else 1
+        raise ValueError(
+            f"`steps_per_epoch` asks for more batches than this worker's shard holds: {batches} batches "
+            f"(the data is split over {workers} workers, each gets 1/{workers} of it). "
+            f"Received: steps_per_epoch={steps_per_epoch}. Use steps_per_epoch <= {batches}, or repeat() the data."
+        )
+
+
+def check_batched(dataset: Any, input_ranks: Sequence[int]) -> None:
+    """Raises when a dataset's inputs have one dimension less than the model's inputs (no `batch()`).
+
+    Raises:
+        ValueError: the dataset is not batched.
+    """
+    if not isinstance(dataset, tf.data.Dataset) or not input_ranks:
+        return
+    spec = dataset.element_spec
+    x_spec = spec[0] if isinstance(spec, tuple) else spec
+    import keras
+
+    ranks = [len(s.shape) for s in keras.tree.flatten(x_spec) if hasattr(s, "shape") and s.shape.rank is not None]
+    if ranks and len(ranks) == len(input_ranks) and all(r == m - 1 for r, m in zip(ranks, input_ranks)):
+        raise ValueError(
+            "fit needs a batched dataset: its inputs have one dimension less than the model's. Call "
+            ".batch(batch_size) on it (after hvdkeras.data.shard). Received: a dataset with "
+            f"element_spec={spec}"
+        )
 
 
 def reads_files(dataset: tf.data.Dataset) -> bool:

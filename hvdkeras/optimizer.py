@@ -51,6 +51,20 @@ def _check_inner(optimizer: Any) -> None:
         )
 
 
+def _check_learning_rate(optimizer: Any) -> None:
+    base = optimizer
+    while isinstance(base, LossScaleOptimizer):
+        base = base.inner_optimizer
+    lr = getattr(base, "_learning_rate", None)
+    if isinstance(lr, keras.Variable):
+        value = float(lr.numpy())
+        if not math.isfinite(value) or value < 0:
+            raise ValueError(
+                "The optimizer's learning rate must be a finite number >= 0. "
+                f"Received: learning_rate={value} on {type(base).__name__}"
+            )
+
+
 def _check_groups(groups: Any) -> Any:
     if groups is None:
         return None
@@ -154,6 +168,7 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
         name: str | None = None,
     ):
         _check_inner(optimizer)
+        _check_learning_rate(optimizer)
         compressor = _compression.get(compression)
         check_op(op)
         _check_positive_int("backward_passes_per_step", backward_passes_per_step)

@@ -92,6 +92,33 @@ def atomic_path(path: str | os.PathLike) -> Iterator[str]:
                 os.unlink(tmp)
 
 
+@contextlib.contextmanager
+def atomic_model_writes(model: Any) -> Iterator[None]:
+    """Within it, `model.save` and `model.save_weights` to local `.keras` / `.h5` paths write atomically.
+
+    Instance attributes shadow the methods for the duration only, so whatever Keras code saves inside (a
+    ModelCheckpoint) goes through `atomic_path`.
+    """
+    originals = {}
+    for name in ("save", "save_weights"):
+        method = getattr(model, name)
+        originals[name] = method
+
+        def atomic(filepath, *args, _method=method, **kwargs):
+            target = os.fspath(filepath) if isinstance(filepath, (str, os.PathLike)) else None
+            if target is None or "://" in target or os.path.splitext(target)[1] not in (".keras", ".h5"):
+                return _method(filepath, *args, **kwargs)
+            with atomic_path(target) as tmp:
+                return _method(tmp, *args, **kwargs)
+
+        model.__dict__[name] = atomic
+    try:
+        yield
+    finally:
+        for name in originals:
+            model.__dict__.pop(name, None)
+
+
 def load_model(
     filepath: str | os.PathLike,
     custom_objects: dict | None = None,

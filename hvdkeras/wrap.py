@@ -280,6 +280,7 @@ def _fit(original, model, *args, **kwargs):
     kwargs = _named(original, args, kwargs)
     if not opts.no_shard:
         kwargs = _sharded_fit_inputs(kwargs)
+    _check_fit_inputs(model, kwargs)
     callbacks = _rank_zero_callbacks(list(kwargs.get("callbacks") or []))
     ours = [hvd_callbacks.BroadcastGlobalVariablesCallback(0), hvd_callbacks.MetricAverageCallback()]
     warm_lr = getattr(model, "_hvdkeras_warmup_lr", None)
@@ -294,6 +295,22 @@ def _fit(original, model, *args, **kwargs):
     _state["fits"].append(counter.steps)
     _report(model)
     return history
+
+
+def _model_input_ranks(model) -> list[int]:
+    try:
+        return [len(t.shape) for t in model.inputs or []]
+    except (AttributeError, ValueError):  # a subclassed or not yet built model
+        return []
+
+
+def _check_fit_inputs(model, kwargs: dict) -> None:
+    x = kwargs.get("x")
+    if isinstance(x, tf.data.Dataset):
+        data.check_batched(x, _model_input_ranks(model))
+        data.check_steps(x, kwargs.get("steps_per_epoch"))
+    elif _is_arrays(x):
+        data.check_steps(x, kwargs.get("steps_per_epoch"), kwargs.get("batch_size"))
 
 
 def _evaluate(original, model, *args, **kwargs):
