@@ -76,6 +76,9 @@ class MetricAverageCallback(HvdCallback):
             return
         model = self.model
         original = model.get_metrics_result
+        # A fit interrupted by an exception (an elastic reset, say) never reached on_train_end: never wrap
+        # our own wrapper again, which would reduce twice.
+        original = getattr(original, "_hvdkeras_local", original)
 
         def get_metrics_result():
             # Inside a traced step (Keras calls this from compute_metrics) stay local: no collectives in
@@ -84,6 +87,7 @@ class MetricAverageCallback(HvdCallback):
                 return original()
             return global_metrics_result(model, original)
 
+        get_metrics_result._hvdkeras_local = original
         self._original = original
         model.get_metrics_result = get_metrics_result
 

@@ -20,7 +20,7 @@ from hvdkeras._compat import check_installed as _check_installed
 
 _check_installed()
 
-from hvdkeras import callbacks, data  # noqa: E402
+from hvdkeras import callbacks, data, elastic  # noqa: E402
 from hvdkeras.basics import (  # noqa: E402
     Average,
     Sum,
@@ -61,6 +61,7 @@ __all__ = [
     "cross_rank",
     "cross_size",
     "data",
+    "elastic",
     "init",
     "is_initialized",
     "load_model",

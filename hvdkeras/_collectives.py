@@ -70,6 +70,12 @@ def cross_size() -> int:
     return _hvd.cross_size()
 
 
+def size_tensor() -> tf.Tensor:
+    """The world size as a tensor read when the graph runs (it changes in elastic jobs), not when traced."""
+    _require_init()
+    return _hvd.size_op()
+
+
 def _counter() -> tf.Variable:
     # Created outside any tf.function (init_scope), once, so it can be bumped from inside traced steps.
     global _call_counter
@@ -187,6 +193,29 @@ def barrier() -> None:
 def join() -> int:
     _require_init()
     return int(_hvd.join())
+
+
+# ------------------------------------------------------------------------------------------- elastic
+def elastic_types():
+    """Horovod's elastic building blocks: (ObjectState, HorovodInternalError, HostsUpdatedInterrupt)."""
+    from horovod.common.elastic import ObjectState
+    from horovod.common.exceptions import HorovodInternalError, HostsUpdatedInterrupt
+
+    return ObjectState, HorovodInternalError, HostsUpdatedInterrupt
+
+
+def elastic_run(func, reset):
+    """Horovod's elastic driver loop around `func(state, ...)`: sync, run, and on a failure or a host change
+    restore, `reset()`, re-sync and run again."""
+    from horovod.common.elastic import run_fn
+
+    return run_fn(func, reset)
+
+
+def reinit() -> None:
+    """Shuts Horovod down and initializes it again (the new world after an elastic reset)."""
+    _hvd.shutdown()
+    _hvd.init()
 
 
 def build_info() -> dict[str, bool]:

@@ -255,7 +255,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_USAGE
     cmd, extra_env = build_command(config)
     env = dict(os.environ, **extra_env)
-    return stream(cmd, env)
+    # In elastic runs horovodrun numbers processes by slot, not by rank: do not name ranks from its output.
+    return stream(cmd, env, name_failed_rank=config.host_discovery_script is None)
 
 
 _FAILED = re.compile(rb"^Process (\d+) exit with status code (-?\d+)")
@@ -311,7 +312,7 @@ class StallWatch:
         self._thread.join(timeout=5)
 
 
-def stream(cmd: list[str], env: dict) -> int:
+def stream(cmd: list[str], env: dict, name_failed_rank: bool = True) -> int:
     """Runs horovodrun, passing its rank-prefixed output through; on failure names the rank that failed first
     (or the rank that stopped answering)."""
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
@@ -322,7 +323,8 @@ def stream(cmd: list[str], env: dict) -> int:
         for line in iter(proc.stdout.readline, b""):
             out.write(line)
             out.flush()
-            failure_summary(line, failed)
+            if name_failed_rank:
+                failure_summary(line, failed)
         code = proc.wait()
     except KeyboardInterrupt:
         proc.terminate()

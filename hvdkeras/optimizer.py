@@ -384,7 +384,7 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
         values = C.allgather(grad.values, name=f"{name}.values")
         indices = C.allgather(grad.indices, name=f"{name}.indices")
         if self.op == C.Average:
-            values = values / tf.cast(C.size(), values.dtype)
+            values = values / tf.cast(C.size_tensor(), values.dtype)
         return tf.IndexedSlices(values, indices, dense_shape=grad.dense_shape)
 
     # ------------------------------------------------------------------------------------- serialization

@@ -48,6 +48,24 @@ def kill_tree(pid: int) -> None:
     psutil.wait_procs(procs, timeout=10)
 
 
+def dump_and_kill(pid: int) -> None:
+    """Makes every Python process in the tree print its stacks (faulthandler on SIGABRT), then kills it."""
+    import signal
+
+    try:
+        procs = psutil.Process(pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        procs = []
+    for p in procs:
+        try:
+            if "python" in p.name():
+                p.send_signal(signal.SIGABRT)
+        except psutil.NoSuchProcess:
+            pass
+    time.sleep(3)
+    kill_tree(pid)
+
+
 def base_env(out_dir: Path, extra: dict | None = None) -> dict:
     env = dict(os.environ)
     env.update(
@@ -58,6 +76,8 @@ def base_env(out_dir: Path, extra: dict | None = None) -> dict:
         PATH=os.pathsep.join([str(VENV_BIN), env.get("PATH", "")]),
         # One core each: two workers share this machine's two cores.
         OMP_NUM_THREADS="1",
+        # A worker hit by SIGABRT (see dump_and_kill) prints all its threads' stacks.
+        PYTHONFAULTHANDLER="1",
     )
     env.update(extra or {})
     return env
@@ -75,7 +95,7 @@ def run_command(cmd: list[str], out_dir: Path, timeout: float, env: dict | None 
     try:
         output, _ = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
-        kill_tree(proc.pid)
+        dump_and_kill(proc.pid)
         output, _ = proc.communicate()
         job = Job(returncode=-9, output=output or "", seconds=time.monotonic() - start)
         job.fail(f"TIMEOUT: {' '.join(cmd)} ran past {timeout}s and was killed")

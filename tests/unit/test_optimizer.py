@@ -90,6 +90,7 @@ class FakeSeam:
         monkeypatch.setattr(C, "grouped_allreduce", self.grouped_allreduce)
         monkeypatch.setattr(C, "allgather", self.allgather)
         monkeypatch.setattr(C, "size", lambda: 2)
+        monkeypatch.setattr(C, "size_tensor", lambda: tf.constant(2))
 
     def grouped_allreduce(self, tensors, op=C.Average, prescale_factor=1.0, postscale_factor=1.0, name=None):
         self.calls.append(("grouped_allreduce", len(tensors), op))
