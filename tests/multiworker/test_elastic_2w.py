@@ -16,7 +16,7 @@ import pytest
 
 from launch import REPO, VENV_BIN, base_env, dump_and_kill, kill_tree
 
-EPOCHS, STEPS = 6, 100
+EPOCHS, STEPS = 8, 100
 
 
 def worker_on(host: str, script: str) -> psutil.Process | None:
