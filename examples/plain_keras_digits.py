@@ -11,6 +11,7 @@ import os
 
 import keras
 import numpy as np
+from _digits import cnn
 from sklearn.datasets import load_digits
 
 parser = argparse.ArgumentParser(description=__doc__)
@@ -25,16 +26,7 @@ x = (x / 16.0).reshape(-1, 8, 8, 1).astype("float32")
 order = np.random.default_rng(0).permutation(len(x))  # the validation split takes the last 20%
 x, y = x[order], y[order].astype("int64")
 
-keras.utils.set_random_seed(1)
-model = keras.Sequential([
-    keras.Input((8, 8, 1)),
-    keras.layers.Conv2D(16, 3, padding="same", activation="relu"),
-    keras.layers.MaxPooling2D(),
-    keras.layers.Conv2D(32, 3, padding="same", activation="relu"),
-    keras.layers.Flatten(),
-    keras.layers.Dense(64, activation="relu"),
-    keras.layers.Dense(10, activation="softmax"),
-])
+model = cnn()  # the small CNN of examples/_digits.py, plain Keras
 model.compile(optimizer=keras.optimizers.Adam(args.lr), loss="sparse_categorical_crossentropy",
               metrics=["accuracy"])
 os.makedirs(args.out_dir, exist_ok=True)
