@@ -6,7 +6,6 @@ package never depends on Horovod's Keras 2 integration (which breaks on Keras 3 
 
 from __future__ import annotations
 
-import os
 from typing import Any, Sequence
 
 import horovod.tensorflow as _hvd
@@ -190,11 +189,6 @@ def barrier() -> None:
     _hvd.allreduce(tf.constant(0, dtype=tf.int32), op=Sum, name="hvdkeras.barrier", ignore_name_scope=True)
 
 
-def join() -> int:
-    _require_init()
-    return int(_hvd.join())
-
-
 # ------------------------------------------------------------------------------------------- elastic
 def elastic_types():
     """Horovod's elastic building blocks: (ObjectState, HorovodInternalError, HostsUpdatedInterrupt)."""
@@ -232,9 +226,3 @@ def version() -> str:
     import horovod
 
     return horovod.__version__
-
-
-def launched_by_horovod() -> bool:
-    """True in a process started by horovodrun (Gloo) or an MPI/Slurm launcher."""
-    markers = ("HOROVOD_RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK", "SLURM_PROCID")
-    return any(m in os.environ for m in markers)
