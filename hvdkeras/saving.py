@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import glob
 import os
 import tempfile
 import threading
@@ -82,6 +83,10 @@ def atomic_path(path: str | os.PathLike) -> Iterator[str]:
     try:
         yield tmp
         os.replace(tmp, path)
+        # Leftovers of earlier writes of this file that were killed mid-way (one writer per file: rank 0).
+        for stale in glob.glob(os.path.join(glob.escape(directory), f".{glob.escape(base)}.*.tmp{ext}")):
+            with contextlib.suppress(OSError):
+                os.unlink(stale)
     finally:
         if os.path.lexists(tmp):
             if os.path.isdir(tmp):
