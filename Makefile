@@ -31,7 +31,7 @@ test-fast: install
 	$(PY) -m pytest -m "not multiworker" $(PYTEST_ARGS)
 
 demo: install
-	$(VENV)/bin/horovodrun -np 2 -H localhost:2 --gloo $(PY) examples/keras_digits.py
+	TF_CPP_MIN_LOG_LEVEL=2 $(VENV)/bin/horovodrun -np 2 -H localhost:2 --gloo $(PY) examples/keras_digits.py
 
 bench: install
 	$(PY) benchmarks/run_benchmarks.py
