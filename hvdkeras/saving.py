@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import glob
 import os
 import tempfile
@@ -97,6 +98,16 @@ def atomic_path(path: str | os.PathLike) -> Iterator[str]:
                 os.unlink(tmp)
 
 
+def write_atomically(write: Callable[..., Any], filepath: Any, *args: Any, **kwargs: Any) -> Any:
+    """Calls `write(filepath, ...)` through `atomic_path` for a local `.keras` / `.h5` file, directly otherwise
+    (remote URLs, directories, other formats)."""
+    target = os.fspath(filepath) if isinstance(filepath, (str, os.PathLike)) else None
+    if target is None or "://" in target or os.path.splitext(target)[1] not in (".keras", ".h5"):
+        return write(filepath, *args, **kwargs)
+    with atomic_path(target) as tmp:
+        return write(tmp, *args, **kwargs)
+
+
 @contextlib.contextmanager
 def atomic_model_writes(model: Any) -> Iterator[None]:
     """Within it, `model.save` and `model.save_weights` to local `.keras` / `.h5` paths write atomically.
@@ -104,23 +115,13 @@ def atomic_model_writes(model: Any) -> Iterator[None]:
     Instance attributes shadow the methods for the duration only, so whatever Keras code saves inside (a
     ModelCheckpoint) goes through `atomic_path`.
     """
-    originals = {}
-    for name in ("save", "save_weights"):
-        method = getattr(model, name)
-        originals[name] = method
-
-        def atomic(filepath, *args, _method=method, **kwargs):
-            target = os.fspath(filepath) if isinstance(filepath, (str, os.PathLike)) else None
-            if target is None or "://" in target or os.path.splitext(target)[1] not in (".keras", ".h5"):
-                return _method(filepath, *args, **kwargs)
-            with atomic_path(target) as tmp:
-                return _method(tmp, *args, **kwargs)
-
-        model.__dict__[name] = atomic
+    names = ("save", "save_weights")
+    for name in names:
+        model.__dict__[name] = functools.partial(write_atomically, getattr(model, name))
     try:
         yield
     finally:
-        for name in originals:
+        for name in names:
             model.__dict__.pop(name, None)
 
 

@@ -129,7 +129,8 @@ def install(options: Options | None = None) -> None:
         return
     _state["options"] = options or Options()
     for name, replacement in (("compile", _compile), ("fit", _fit), ("evaluate", _evaluate),
-                              ("save", _save), ("save_weights", _save_weights), ("export", _export)):
+                              ("save", _write_on_rank_zero), ("save_weights", _write_on_rank_zero),
+                              ("export", _export)):
         original = getattr(keras.Model, name)
         _state["originals"][name] = original
         setattr(keras.Model, name, _bind(original, replacement))
@@ -347,23 +348,9 @@ def _named(original, args: tuple, kwargs: dict) -> dict:
 
 # ------------------------------------------------------------------------------------------------ files
 def _write_on_rank_zero(original, model, filepath, *args, **kwargs):
-    def write():
-        if isinstance(filepath, (str, os.PathLike)) and not str(filepath).startswith(("gs://", "s3://")):
-            target = os.fspath(filepath)
-            if os.path.splitext(target)[1] in (".keras", ".h5"):
-                with saving.atomic_path(target) as tmp:
-                    return original(model, tmp, *args, **kwargs)
-        return original(model, filepath, *args, **kwargs)
-
-    return saving.on_rank_zero(write)
-
-
-def _save(original, model, filepath, *args, **kwargs):
-    return _write_on_rank_zero(original, model, filepath, *args, **kwargs)
-
-
-def _save_weights(original, model, filepath, *args, **kwargs):
-    return _write_on_rank_zero(original, model, filepath, *args, **kwargs)
+    """`save` / `save_weights`: rank 0 writes atomically, the others wait for it."""
+    return saving.on_rank_zero(saving.write_atomically, functools.partial(original, model), filepath,
+                               *args, **kwargs)
 
 
 def _export(original, model, filepath, *args, **kwargs):
