@@ -29,7 +29,7 @@ from hvdkeras import _collectives as C
 from hvdkeras import callbacks as hvd_callbacks
 from hvdkeras import data, saving
 from hvdkeras.compression import Compression
-from hvdkeras.learning_rate import RULES, scale_factor
+from hvdkeras.learning_rate import RULES, scale_factor, scale_learning_rate
 from hvdkeras.optimizer import DistributedOptimizer, unwrap
 
 log = logging.getLogger("hvdkeras")
@@ -160,18 +160,16 @@ def _compile(original, model, optimizer="rmsprop", *args, **kwargs):
     opts = _opts()
     if optimizer is not None and not isinstance(optimizer, DistributedOptimizer):
         optimizer = keras.optimizers.get(optimizer)
-        factor = scale_factor(opts.lr_scaling)
         base = unwrap(optimizer)
+        current = base._learning_rate
         scaled = False
-        if factor != 1.0:
-            if isinstance(base._learning_rate, keras.optimizers.schedules.LearningRateSchedule):
-                from hvdkeras.learning_rate import ScaledLearningRateSchedule
-
-                base.learning_rate = ScaledLearningRateSchedule(base._learning_rate, factor)
-            elif callable(base._learning_rate) and not isinstance(base._learning_rate, keras.Variable):
+        if scale_factor(opts.lr_scaling) != 1.0:
+            if isinstance(current, keras.optimizers.schedules.LearningRateSchedule):
+                base.learning_rate = scale_learning_rate(current, opts.lr_scaling)
+            elif callable(current) and not isinstance(current, keras.Variable):
                 _warn_once("lr-callable", "the learning rate is a callable: it is not scaled with the world size")
             else:
-                base.learning_rate = float(base.learning_rate) * factor
+                base.learning_rate = scale_learning_rate(float(base.learning_rate), opts.lr_scaling)
                 scaled = True
         mixed = model.dtype_policy.name == "mixed_float16" and kwargs.get("auto_scale_loss", True)
         if mixed and not isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
@@ -323,7 +321,7 @@ def _evaluate(original, model, *args, **kwargs):
     if not opts.no_shard:
         x, y, sw = kwargs.get("x"), kwargs.get("y"), kwargs.get("sample_weight")
         if _is_arrays((x, y, sw)):
-            kwargs["x"], kwargs["y"], kwargs["sample_weight"] = data.shard_arrays((x, y, sw), equal=False)
+            kwargs["x"], kwargs["y"], kwargs["sample_weight"] = _shard_for_evaluation((x, y, sw))
         else:
             kwargs["x"] = _shard_for_evaluation(x)
     kwargs["callbacks"] = [hvd_callbacks.MetricAverageCallback()] + _rank_zero_callbacks(
