@@ -20,6 +20,14 @@ _HOOKS = [
 ]
 
 
+def _alone_on_rank_zero(fn, *args, **kwargs):
+    """Calls `fn` on rank 0 only, marked solo: the other ranks are not there to wait with it."""
+    if not saving.is_rank_zero():
+        return None
+    with saving.solo():
+        return fn(*args, **kwargs)
+
+
 # After these hooks a file written by rank 0 may be read by anyone: with `wait`, everyone waits for it.
 _WAIT_HOOKS = {"on_epoch_end", "on_train_end"}
 
@@ -53,10 +61,7 @@ class RankZeroOnly(HvdCallback):
 
 def _forward(name):
     def hook(self, *args, **kwargs):
-        result = None
-        if saving.is_rank_zero():
-            with saving.solo():
-                result = getattr(self.callback, name)(*args, **kwargs)
+        result = _alone_on_rank_zero(getattr(self.callback, name), *args, **kwargs)
         if self.wait and name in _WAIT_HOOKS:
             saving.barrier()
         return result
@@ -85,10 +90,7 @@ class _RankZeroHooks:
 for _name in _HOOKS:
 
     def _gated(self, *args, _name=_name, **kwargs):
-        if saving.is_rank_zero():
-            with saving.solo():
-                return getattr(super(_RankZeroHooks, self), _name)(*args, **kwargs)
-        return None
+        return _alone_on_rank_zero(getattr(super(_RankZeroHooks, self), _name), *args, **kwargs)
 
     _gated.__name__ = _name
     setattr(_RankZeroHooks, _name, _gated)
@@ -137,10 +139,7 @@ class BackupAndRestore(keras.callbacks.BackupAndRestore):
             self._save_model()
 
     def _save_model(self):
-        if not saving.is_rank_zero():
-            return
-        with saving.solo():
-            self._write_backup()
+        _alone_on_rank_zero(self._write_backup)
 
     def _write_backup(self):
         os.makedirs(self.backup_dir, exist_ok=True)
