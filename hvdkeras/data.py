@@ -47,6 +47,12 @@ def _check_int(name: str, value: Any, low: int, high: int | None = None) -> int:
     return int(value)
 
 
+def _shard_position(num_shards: int | None, index: int | None) -> tuple[int, int]:
+    """num_shards and index, defaulting to this job's size() and rank(), validated."""
+    num_shards = _check_int("num_shards", C.size() if num_shards is None else num_shards, 1)
+    return num_shards, _check_int("index", C.rank() if index is None else index, 0, num_shards)
+
+
 def split_sizes(n: int, num_shards: int) -> tuple[int, int]:
     """Elements per shard and the remainder dropped, for n elements over num_shards equal shards."""
     return n // num_shards, n % num_shards
@@ -70,8 +76,7 @@ def shard_arrays(
     """
     import keras
 
-    num_shards = _check_int("num_shards", C.size() if num_shards is None else num_shards, 1)
-    index = _check_int("index", C.rank() if index is None else index, 0, num_shards)
+    num_shards, index = _shard_position(num_shards, index)
     lengths = {int(np.shape(a)[0]) for a in keras.tree.flatten(arrays) if a is not None}
     if len(lengths) > 1:
         raise ValueError(f"All arrays must have the same number of rows. Received: lengths {sorted(lengths)}")
@@ -222,8 +227,7 @@ def shard(
     dataset = _as_dataset(dataset)
     if policy not in POLICIES:
         raise ValueError(f"`policy` must be one of {POLICIES}. Received: policy={policy!r}")
-    num_shards = _check_int("num_shards", C.size() if num_shards is None else num_shards, 1)
-    index = _check_int("index", C.rank() if index is None else index, 0, num_shards)
+    num_shards, index = _shard_position(num_shards, index)
     cardinality = int(dataset.cardinality())
     if cardinality == tf.data.INFINITE_CARDINALITY:
         raise ValueError(
