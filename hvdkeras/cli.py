@@ -262,11 +262,38 @@ def main(argv: Sequence[str] | None = None) -> int:
 _FAILED = re.compile(rb"^Process (\d+) exit with status code (-?\d+)")
 
 
-def failure_summary(line: bytes, seen: dict) -> None:
-    """Records the first worker that horovodrun reports as failed (rank -> exit code)."""
-    match = _FAILED.match(line.strip())
-    if match and int(match.group(2)) != 0 and not seen:
-        seen[int(match.group(1))] = int(match.group(2))
+# What a worker prints when it fails only because another one did (its collectives were torn down).
+_COLLATERAL = (b"Horovod has been shut down", b"Connection reset by peer", b"Connection closed by peer",
+               b"Timed out waiting")
+_RANK_LINE = re.compile(rb"^\[(\d+)\]<std(?:out|err)>:")
+
+
+class FailureTracker:
+    """Finds the rank that failed first from horovodrun's output.
+
+    horovodrun reports exits in the order it notices them, and a survivor whose allreduce was torn down can
+    exit before the worker that caused it is noticed. So ranks whose output shows such a collateral failure
+    only count when no other rank failed.
+    """
+
+    def __init__(self):
+        self.exits: list[tuple[int, int]] = []
+        self.collateral: set[int] = set()
+
+    def feed(self, line: bytes) -> None:
+        rank_line = _RANK_LINE.match(line)
+        if rank_line and any(marker in line for marker in _COLLATERAL):
+            self.collateral.add(int(rank_line.group(1)))
+        exited = _FAILED.match(line.strip())
+        if exited and int(exited.group(2)) != 0:
+            self.exits.append((int(exited.group(1)), int(exited.group(2))))
+
+    def first_failure(self) -> tuple[int, int] | None:
+        """(rank, exit code) of the failure that started it, or None if horovodrun reported none."""
+        for rank, code in self.exits:
+            if rank not in self.collateral:
+                return rank, code
+        return self.exits[0] if self.exits else None
 
 
 class StallWatch:
@@ -317,14 +344,14 @@ def stream(cmd: list[str], env: dict, name_failed_rank: bool = True) -> int:
     (or the rank that stopped answering)."""
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     watch = StallWatch(proc.pid)
-    failed: dict = {}
+    failures = FailureTracker()
     out = sys.stdout.buffer
     try:
         for line in iter(proc.stdout.readline, b""):
             out.write(line)
             out.flush()
             if name_failed_rank:
-                failure_summary(line, failed)
+                failures.feed(line)
         code = proc.wait()
     except KeyboardInterrupt:
         proc.terminate()
@@ -337,8 +364,8 @@ def stream(cmd: list[str], env: dict, name_failed_rank: bool = True) -> int:
             print(f"hvdkeras run: the job failed: rank {ranks} stopped answering (its process was stopped); the "
                   f"others gave up after waiting {env.get('HOROVOD_GLOO_TIMEOUT_SECONDS', '?')} s "
                   "(--stall-timeout).", file=sys.stderr, flush=True)
-        elif failed:
-            (rank, worker_code), = failed.items()
+        elif failures.first_failure() is not None:
+            rank, worker_code = failures.first_failure()
             how = f"killed by signal {-worker_code}" if worker_code < 0 else f"exit code {worker_code}"
             print(f"hvdkeras run: the job failed: rank {rank} failed first ({how}); the other workers were stopped.",
                   file=sys.stderr, flush=True)

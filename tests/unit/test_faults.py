@@ -99,9 +99,22 @@ def test_stall_timeout_option():
     assert cli.build_command(cfg)[1]["HOROVOD_GLOO_TIMEOUT_SECONDS"] == "60"
 
 
-def test_failure_summary_takes_the_first_failed_rank():
-    seen = {}
+def test_failure_tracker_takes_the_first_failed_rank():
+    tracker = cli.FailureTracker()
     for line in [b"Process 0 exit with status code 0.\n", b"Process 1 exit with status code -9.\n",
                  b"Process 0 exit with status code 1.\n"]:
-        cli.failure_summary(line, seen)
-    assert seen == {1: -9}
+        tracker.feed(line)
+    assert tracker.first_failure() == (1, -9)
+
+
+def test_failure_tracker_skips_ranks_that_only_failed_because_of_another():
+    tracker = cli.FailureTracker()
+    for line in [b"[1]<stderr>:RuntimeError: injected failure on rank 1\n",
+                 b"[0]<stderr>:Horovod has been shut down. This was caused by an exception on one of the ranks\n",
+                 b"Process 0 exit with status code 1.\n", b"Process 1 exit with status code 1.\n"]:
+        tracker.feed(line)
+    assert tracker.first_failure() == (1, 1)
+    only_collateral = cli.FailureTracker()
+    for line in [b"[0]<stderr>:Timed out waiting 30000ms for recv\n", b"Process 0 exit with status code 1.\n"]:
+        only_collateral.feed(line)
+    assert only_collateral.first_failure() == (0, 1)
