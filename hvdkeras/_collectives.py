@@ -226,3 +226,19 @@ def version() -> str:
     import horovod
 
     return horovod.__version__
+
+
+# -------------------------------------------------------------------------------------------- rendezvous
+def rendezvous_parts():
+    """Horovod's own rendezvous pieces: (RendezvousHTTPServer, RendezvousHandler, host_plan).
+
+    `host_plan([(host, slots), ...], size)` is Horovod's rank assignment, which sets the size of each of
+    the rendezvous scopes (global, local_<host>, cross_<local rank>) so the server can clear them.
+    """
+    from horovod.runner.common.util.hosts import HostInfo, get_host_assignments
+    from horovod.runner.http.http_server import RendezvousHandler, RendezvousHTTPServer
+
+    def host_plan(hosts, size):
+        return get_host_assignments([HostInfo(host, slots) for host, slots in hosts], size)
+
+    return RendezvousHTTPServer, RendezvousHandler, host_plan

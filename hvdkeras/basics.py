@@ -12,6 +12,7 @@ import tensorflow as tf
 
 from hvdkeras import _collectives as C
 from hvdkeras import compression as _compression
+from hvdkeras import launching, rendezvous
 
 log = logging.getLogger("hvdkeras")
 
@@ -46,20 +47,48 @@ def pin_gpu(local_rank: int, config: Any = None) -> Any:
 def init(pin_gpus: bool = True) -> None:
     """Initializes Horovod for this worker and pins it to one GPU by local rank.
 
+    Where horovodrun did not set Horovod up, the job is formed from the launcher's environment (Slurm's
+    srun, OpenMPI's mpirun, MPICH / Intel MPI, torchrun / Kubernetes RANK and WORLD_SIZE; see
+    `hvdkeras.launching`): rank 0 hosts Horovod's rendezvous and the others find it. A launcher that
+    started N > 1 processes never yields N jobs of size 1: `init` raises instead.
+
     Args:
         pin_gpus: make only the GPU `local_rank() % num_gpus` visible to TensorFlow (when GPUs exist).
+
+    Raises:
+        ValueError: the launcher's variables are malformed or inconsistent (named in the message).
+        RuntimeError: the job cannot be formed (unreachable rendezvous, missing ranks, another job on the
+            port, ranks disagreeing on the size, or Horovod already initialized with another size).
 
     Example:
         >>> import hvdkeras as hvd
         >>> hvd.init()
         >>> hvd.rank(), hvd.size()
     """
-    C.init()
+    launch = launching.detect(os.environ)
+    if not C.is_initialized():
+        # An MPI build of Horovod forms an mpirun job by itself; everything else goes through our rendezvous.
+        if launch is not None and not (launch.mpi and C.build_info()["mpi"]):
+            rendezvous.form(launch)
+        C.init()
+    if launch is not None and C.size() != launch.size:
+        raise rendezvous.RendezvousError(
+            f"{launch.launcher} started {launch.size} processes ({', '.join(launch.variables)}), but Horovod "
+            f"formed a job of size {C.size()}: this process would train alone. Horovod was initialized before "
+            "hvdkeras.init() (by horovod.tensorflow.init() or another library): call hvdkeras.init() first, or "
+            "launch with horovodrun / `hvdkeras run`. To run every process alone on purpose, set "
+            "HVDKERAS_LAUNCHER=none."
+        )
     if pin_gpus:
         pin_gpu(C.local_rank())
 
 
-shutdown = C.shutdown
+def shutdown() -> None:
+    """Shuts Horovod down (and rank 0's rendezvous, where hvdkeras formed the job)."""
+    C.shutdown()
+    rendezvous.stop()
+
+
 is_initialized = C.is_initialized
 rank = C.rank
 size = C.size

@@ -1,6 +1,7 @@
 """`hvdkeras run | check`: parse -> validate -> pure build_command -> exec.
 
     hvdkeras run -np 2 [-H host1:2,host2:2] [--lr-scaling linear] [...] train.py [script args]
+    hvdkeras run --nnodes 2 --node-rank I --master-addr node0 [--nproc-per-node 1] train.py   (on every node)
     hvdkeras check
 """
 
@@ -14,6 +15,7 @@ import shutil
 import subprocess
 import sys
 import textwrap
+import time
 from typing import Callable, Sequence
 
 EXIT_USAGE = 2
@@ -21,6 +23,7 @@ EXIT_USAGE = 2
 # background threads exchange messages every few milliseconds whatever training does, so this measures
 # whether a process is alive, not how long a step takes: a slow first step does not trip it.
 DEFAULT_STALL_TIMEOUT = 60.0
+DEFAULT_MASTER_PORT = 29500
 _HOST = re.compile(r"^[A-Za-z0-9_.\-\[\]:]*[A-Za-z0-9_.\-\]]:(\d+)$")
 
 
@@ -80,13 +83,21 @@ class RunConfig:
     max_np: int | None = None
     host_discovery_script: str | None = None
     stall_timeout: float = 60.0
+    # The ssh-less multi-node form (started once on every node); nnodes is None for horovodrun runs.
+    nnodes: int | None = None
+    node_rank: int = 0
+    nproc_per_node: int = 1
+    master_addr: str = "127.0.0.1"
+    master_port: int = DEFAULT_MASTER_PORT
+    job_id: str | None = None
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="hvdkeras", description="Data-parallel Keras 3 training with Horovod.")
     sub = parser.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="run a Keras script on N workers (horovodrun)")
-    run.add_argument("-np", "--num-proc", dest="np", type=int, required=True, help="number of workers")
+    run.add_argument("-np", "--num-proc", dest="np", type=int, default=None,
+                     help="number of workers in all (with --nnodes: optional, nnodes x nproc-per-node)")
     run.add_argument("-H", "--hosts", default=None, help="host1:slots,host2:slots (default: localhost:N)")
     ctrl = run.add_mutually_exclusive_group()
     ctrl.add_argument("--gloo", dest="controller", action="store_const", const="gloo",
@@ -98,6 +109,17 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--stall-timeout", type=float, default=None,
                      help="seconds a worker may stop answering before the job fails "
                           f"(default {DEFAULT_STALL_TIMEOUT:g}, or HVDKERAS_STALL_TIMEOUT)")
+    nodes = run.add_argument_group(
+        "ssh-less multi-node (torchrun / Kubernetes style): start the same command once on every node")
+    nodes.add_argument("--nnodes", type=int, default=None, help="number of nodes in the job")
+    nodes.add_argument("--node-rank", type=int, default=None, help="this node's index in [0, nnodes)")
+    nodes.add_argument("--nproc-per-node", type=int, default=None, help="workers on each node (default 1)")
+    nodes.add_argument("--master-addr", default=None,
+                       help="host name or address of node 0, where rank 0 hosts the rendezvous")
+    nodes.add_argument("--master-port", type=int, default=None,
+                       help=f"the rendezvous port on node 0 (default {DEFAULT_MASTER_PORT})")
+    nodes.add_argument("--job-id", default=None,
+                       help="the same on every node; a worker of another job is never admitted")
     add_wrap_options(run)
     run.add_argument("script", help="the Keras training script")
     run.add_argument("script_args", nargs=argparse.REMAINDER, help="arguments for the script")
@@ -131,7 +153,11 @@ def parse_hosts(hosts: str) -> list[tuple[str, int]]:
 def validate(ns: argparse.Namespace, *, which: Callable[[str], str | None] = shutil.which,
              isfile: Callable[[str], bool] = os.path.isfile, python: str = sys.executable) -> RunConfig:
     """Checks a parsed `run` command line; raises UsageError with what was received and what is expected."""
-    if ns.np is None or ns.np < 1:
+    nodes = _validate_nodes(ns)
+    if ns.np is None and nodes is None:
+        raise UsageError("-np is required (the number of workers), or --nnodes for the ssh-less multi-node form. "
+                         "Received: no -np")
+    if ns.np is not None and ns.np < 1:
         raise UsageError(f"-np must be an integer >= 1. Received: -np {ns.np}")
     if not isfile(ns.script):
         raise UsageError(f"the training script does not exist. Received: script={ns.script!r}")
@@ -169,6 +195,15 @@ def validate(ns: argparse.Namespace, *, which: Callable[[str], str | None] = shu
             raise UsageError(f"HVDKERAS_STALL_TIMEOUT must be a number of seconds. Received: {raw!r}") from None
     if not stall > 0:
         raise UsageError(f"--stall-timeout must be > 0 seconds. Received: --stall-timeout {stall:g}")
+    if nodes is not None:
+        if ns.hosts is not None or elastic:
+            raise UsageError("--nnodes starts the workers of this node itself: it takes no -H and no elastic "
+                             f"options. Received: -H {ns.hosts!r}" if ns.hosts is not None else
+                             "--nnodes takes no elastic options (--min-np/--max-np/--host-discovery-script)")
+        return RunConfig(
+            np=nodes["nnodes"] * nodes["nproc_per_node"], hosts="", script=ns.script, script_args=tuple(ns.script_args),
+            forwarded=tuple(wrap_flags(ns)), controller="gloo", python=python, horovodrun="", stall_timeout=stall,
+            **nodes)
     horovodrun = _find_horovodrun(which, python)
     if horovodrun is None:
         raise UsageError("horovodrun was not found beside this Python or on PATH; install Horovod (make install)")
@@ -177,6 +212,64 @@ def validate(ns: argparse.Namespace, *, which: Callable[[str], str | None] = shu
         controller=ns.controller or "gloo", python=python, horovodrun=horovodrun,
         min_np=ns.min_np, max_np=ns.max_np, host_discovery_script=ns.host_discovery_script, stall_timeout=stall,
     )
+
+
+def _validate_nodes(ns: argparse.Namespace) -> dict | None:
+    """The ssh-less multi-node options as RunConfig fields, or None when --nnodes is not given."""
+    given = [f"--{n.replace('_', '-')}" for n in ("node_rank", "nproc_per_node", "master_addr", "master_port",
+                                                    "job_id") if getattr(ns, n, None) is not None]
+    if ns.nnodes is None:
+        if given:
+            raise UsageError(f"{', '.join(given)} belong to the multi-node form and need --nnodes. Received: "
+                             f"{' '.join(given)} without --nnodes")
+        return None
+    if ns.nnodes < 1:
+        raise UsageError(f"--nnodes must be an integer >= 1. Received: --nnodes {ns.nnodes}")
+    node_rank = 0 if ns.node_rank is None else ns.node_rank
+    if not 0 <= node_rank < ns.nnodes:
+        raise UsageError(f"--node-rank must be in [0, --nnodes) = [0, {ns.nnodes}). Received: --node-rank {node_rank}")
+    if ns.nnodes > 1 and ns.node_rank is None:
+        raise UsageError(f"--node-rank is required with --nnodes {ns.nnodes} (this node's index). Received: none")
+    per_node = 1 if ns.nproc_per_node is None else ns.nproc_per_node
+    if per_node < 1:
+        raise UsageError(f"--nproc-per-node must be an integer >= 1. Received: --nproc-per-node {per_node}")
+    if ns.np is not None and ns.np != ns.nnodes * per_node:
+        raise UsageError(f"-np must equal --nnodes x --nproc-per-node = {ns.nnodes * per_node}. "
+                         f"Received: -np {ns.np} with --nnodes {ns.nnodes} --nproc-per-node {per_node}")
+    if ns.nnodes > 1 and not ns.master_addr:
+        raise UsageError("--master-addr is required with several nodes: node 0's host name or address, the same "
+                         f"on every node. Received: --nnodes {ns.nnodes} without --master-addr")
+    port = DEFAULT_MASTER_PORT if ns.master_port is None else ns.master_port
+    if not 1 <= port <= 65535:
+        raise UsageError(f"--master-port must be a TCP port in [1, 65535]. Received: --master-port {port}")
+    return {"nnodes": ns.nnodes, "node_rank": node_rank, "nproc_per_node": per_node,
+            "master_addr": ns.master_addr or "127.0.0.1", "master_port": port, "job_id": ns.job_id}
+
+
+def build_node_workers(config: RunConfig) -> list[tuple[list[str], dict[str, str]]]:
+    """The ssh-less multi-node form: (argv, extra env) of each worker this node starts. Pure: no I/O.
+
+    Every worker gets the torchrun / Kubernetes variables (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE,
+    MASTER_ADDR, MASTER_PORT), from which `hvdkeras.init()` forms the job with the other nodes.
+    """
+    assert config.nnodes is not None
+    argv = [config.python, "-m", "hvdkeras", *config.forwarded, config.script, *config.script_args]
+    workers = []
+    for local_rank in range(config.nproc_per_node):
+        env = {
+            "RANK": str(config.node_rank * config.nproc_per_node + local_rank),
+            "WORLD_SIZE": str(config.np),
+            "LOCAL_RANK": str(local_rank),
+            "LOCAL_WORLD_SIZE": str(config.nproc_per_node),
+            "MASTER_ADDR": config.master_addr,
+            "MASTER_PORT": str(config.master_port),
+            "PYTHONUNBUFFERED": "1",
+            "HVDKERAS_STALL_TIMEOUT": f"{config.stall_timeout:g}",
+        }
+        if config.job_id is not None:
+            env["HVDKERAS_JOB_ID"] = config.job_id
+        workers.append((argv, env))
+    return workers
 
 
 def build_command(config: RunConfig) -> tuple[list[str], dict[str, str]]:
@@ -253,6 +346,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except UsageError as err:
         print(f"hvdkeras run: error: {err}", file=sys.stderr)
         return EXIT_USAGE
+    if config.nnodes is not None:
+        return supervise(build_node_workers(config))
     cmd, extra_env = build_command(config)
     env = dict(os.environ, **extra_env)
     # In elastic runs horovodrun numbers processes by slot, not by rank: do not name ranks from its output.
@@ -372,6 +467,80 @@ def stream(cmd: list[str], env: dict, name_failed_rank: bool = True) -> int:
         else:
             print(f"hvdkeras run: the job failed (horovodrun exit code {code}).", file=sys.stderr, flush=True)
     return code
+
+
+def supervise(workers: list[tuple[list[str], dict[str, str]]], grace: float = 5.0) -> int:
+    """Runs this node's workers with rank-prefixed output, as horovodrun prints it; returns the job's exit code.
+
+    When a worker fails, the others on this node are stopped (SIGTERM, then SIGKILL after `grace` seconds)
+    and the rank that failed first is named; the other nodes' workers fail on their own when their
+    collectives lose this node (within the stall timeout).
+    """
+    import signal
+    import threading
+
+    out = sys.stdout.buffer
+    lock = threading.Lock()
+    procs: dict[int, subprocess.Popen] = {}
+
+    def pump(rank: int, stream_name: str, pipe) -> None:
+        prefix = f"[{rank}]<{stream_name}>:".encode()
+        for line in iter(pipe.readline, b""):
+            with lock:
+                out.write(prefix + line)
+                out.flush()
+
+    def signal_all(sig: int) -> None:
+        for proc in procs.values():
+            if proc.poll() is None:
+                try:
+                    os.killpg(proc.pid, sig)
+                except ProcessLookupError:
+                    pass
+
+    pumps = []
+    for argv, extra in workers:
+        rank = int(extra["RANK"])
+        proc = subprocess.Popen(argv, env=dict(os.environ, **extra), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                start_new_session=True)
+        procs[rank] = proc
+        for name, pipe in (("stdout", proc.stdout), ("stderr", proc.stderr)):
+            thread = threading.Thread(target=pump, args=(rank, name, pipe), daemon=True)
+            thread.start()
+            pumps.append(thread)
+    first: tuple[int, int] | None = None
+    try:
+        while any(p.poll() is None for p in procs.values()):
+            for rank, proc in procs.items():
+                code = proc.poll()
+                if code not in (None, 0) and first is None:
+                    first = (rank, code)
+                    signal_all(signal.SIGTERM)
+                    deadline = time.monotonic() + grace
+                    while time.monotonic() < deadline and any(p.poll() is None for p in procs.values()):
+                        time.sleep(0.1)
+                    signal_all(signal.SIGKILL)
+            time.sleep(0.1)
+    except KeyboardInterrupt:
+        signal_all(signal.SIGTERM)
+        time.sleep(grace)
+        signal_all(signal.SIGKILL)
+        return 130
+    finally:
+        for proc in procs.values():
+            proc.wait()
+        for thread in pumps:
+            thread.join(timeout=5)
+    if first is None:
+        failed = [(r, p.returncode) for r, p in sorted(procs.items()) if p.returncode != 0]
+        first = failed[0] if failed else None
+    if first is None:
+        return 0
+    rank, code = first
+    how = f"killed by signal {-code}" if code < 0 else f"exit code {code}"
+    print(f"hvdkeras run: the job failed: rank {rank} failed first on this node ({how}); this node's other "
+          "workers were stopped.", file=sys.stderr, flush=True)
+    return code if code > 0 else 128 - code
 
 
 if __name__ == "__main__":

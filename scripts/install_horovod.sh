@@ -20,6 +20,10 @@ set -euo pipefail
 
 PY=${1:?usage: install_horovod.sh PYTHON}
 HVD_VERSION=0.28.1
+# Bumped whenever the patches below change, so neither an installed build nor a cached wheel made with
+# other patches is reused. The built package records it as horovod._hvdkeras_patches.
+PATCHES="no-xla-mpi-ops,gloo-process-set-iface"
+PATCH_TAG=p2
 CACHE_DIR=${HVDKERAS_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/hvdkeras}
 
 die() { echo "install_horovod.sh: error: $*" >&2; exit 1; }
@@ -50,8 +54,10 @@ try:
 except m.PackageNotFoundError:
     v = ""
 if v.startswith("$HVD_VERSION"):
+    import horovod
     import horovod.tensorflow as hvd  # noqa: F401  (fails if built for another TF)
-    print("yes")
+    if getattr(horovod, "_hvdkeras_patches", "") == "$PATCHES":
+        print("yes")
 PYEOF
 )
 if [ "$already" = yes ]; then
@@ -59,7 +65,7 @@ if [ "$already" = yes ]; then
   exit 0
 fi
 
-WHEEL_DIR="$CACHE_DIR/horovod-$HVD_VERSION-tf$TF_VERSION-$PY_TAG-$GPU_TAG"
+WHEEL_DIR="$CACHE_DIR/horovod-$HVD_VERSION-$PATCH_TAG-tf$TF_VERSION-$PY_TAG-$GPU_TAG"
 wheel=$(ls "$WHEEL_DIR"/horovod-*.whl 2>/dev/null | head -n 1 || true)
 
 if [ -z "$wheel" ]; then
@@ -72,6 +78,20 @@ if [ -z "$wheel" ]; then
   cml="$src/horovod/tensorflow/CMakeLists.txt"
   grep -q 'xla_mpi_ops.cc' "$cml" || die "expected xla_mpi_ops.cc in $cml; the Horovod source changed"
   sed -i '/xla_mpi_ops\.cc/d' "$cml"
+  # Horovod 0.28.1 bug: GlooContext::InitializeForProcessSet creates its Gloo device from the new
+  # context's own gloo_iface_, which is always empty, instead of the global context's. Every process set
+  # (the global one included) then ignores HOROVOD_GLOO_IFACE and binds to whatever the hostname resolves
+  # to; where that is a loopback address (containers, network namespaces, many /etc/hosts) a multi-host
+  # job dies right after init with "connect [127.0.0.1]:PORT: Connection refused". Take the interface
+  # of the global context, as Initialize() does. tests/multiworker/test_hosts_2w.py fails without this.
+  gcc_src="$src/horovod/common/gloo/gloo_context.cc"
+  fn_line=$(grep -n 'void GlooContext::InitializeForProcessSet' "$gcc_src" | cut -d: -f1)
+  [ -n "$fn_line" ] || die "expected InitializeForProcessSet in $gcc_src; the Horovod source changed"
+  iface_line=$(awk -v start="$fn_line" 'NR > start && /device_attr\.iface = gloo_iface_;/ {print NR; exit}' "$gcc_src")
+  [ -n "$iface_line" ] || die "expected 'device_attr.iface = gloo_iface_;' in InitializeForProcessSet"
+  sed -i "${iface_line}s/device_attr\.iface = gloo_iface_;/gloo_iface_ = global_context.gloo_iface_;\n  device_attr.iface = gloo_iface_;/" "$gcc_src"
+  grep -q 'gloo_iface_ = global_context.gloo_iface_;' "$gcc_src" || die "patching $gcc_src failed"
+  printf '\n_hvdkeras_patches = "%s"\n' "$PATCHES" >> "$src/horovod/__init__.py"
   # Build requirements of Horovod's setup.py itself (no build isolation: it must see the installed TF).
   "$PY" -m pip install --quiet setuptools wheel packaging
   export HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITH_GLOO=1 HOROVOD_WITHOUT_MPI=1 \

@@ -121,3 +121,64 @@ def horovodrun(script: str, *args: str, np: int = 2, timeout: float = 240, out_d
         if missing:
             job.fail(f"ranks {missing} wrote no result")
     return job
+
+
+@dataclass
+class Proc:
+    returncode: int
+    output: str
+
+
+class Started:
+    """Processes started at once by `start_processes`, each in its own session, output to a log each."""
+
+    def __init__(self, commands: list[tuple[list[str], dict]], out_dir: Path):
+        out_dir.mkdir(parents=True, exist_ok=True)
+        self.logs = [open(out_dir / f"proc{i}.log", "w+") for i in range(len(commands))]
+        self.procs = [subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, text=True,
+                                       env=base_env(out_dir, env), cwd=str(out_dir), start_new_session=True)
+                      for (cmd, env), log in zip(commands, self.logs)]
+
+    def wait(self, timeout: float) -> list[Proc]:
+        """Waits for all within `timeout`; on a timeout all print their stacks, are killed and the test fails."""
+        deadline = time.monotonic() + timeout
+        timed_out = False
+        for proc in self.procs:
+            try:
+                proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                timed_out = True
+        if timed_out:
+            for proc in self.procs:
+                if proc.poll() is None:
+                    dump_and_kill(proc.pid)
+        results = []
+        for proc, log in zip(self.procs, self.logs):
+            proc.wait()
+            log.seek(0)
+            results.append(Proc(proc.returncode, log.read()))
+            log.close()
+        if timed_out:
+            pytest.fail(f"TIMEOUT: processes ran past {timeout}s and were killed\n{show(results)}", pytrace=False)
+        return results
+
+    def kill(self) -> None:
+        for proc in self.procs:
+            kill_tree(proc.pid)
+
+
+def start_processes(commands: list[tuple[list[str], dict]], out_dir: Path) -> Started:
+    return Started(commands, out_dir)
+
+
+def run_processes(commands: list[tuple[list[str], dict]], out_dir: Path, timeout: float) -> list[Proc]:
+    """Starts every (argv, extra env) at once and waits for all within `timeout` (see Started.wait)."""
+    started = Started(commands, out_dir)
+    try:
+        return started.wait(timeout)
+    finally:
+        started.kill()
+
+
+def show(results: list[Proc]) -> str:
+    return "\n".join(f"--- process {i} (exit {r.returncode})\n{r.output[-8000:]}" for i, r in enumerate(results))

@@ -1,0 +1,312 @@
+"""Reading a launcher's environment into one description of the job: a pure function of the environment.
+
+`detect(environ)` says which launcher started this process, its rank and the job's size, and where the
+job's rendezvous is (rank 0 hosts it, see `hvdkeras.rendezvous`). It reads, innermost launcher first:
+
+1. horovodrun (HOROVOD_RANK or HOROVOD_GLOO_RENDEZVOUS_ADDR): Horovod forms the job itself; returns None.
+2. OpenMPI's mpirun (OMPI_COMM_WORLD_RANK/SIZE/LOCAL_RANK/LOCAL_SIZE).
+3. MPICH / Intel MPI (PMI_RANK, PMI_SIZE, MPI_LOCALRANKID, MPI_LOCALNRANKS).
+4. torchrun / Kubernetes (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT).
+5. Slurm's srun (SLURM_PROCID, SLURM_STEP_NUM_TASKS or SLURM_NTASKS, SLURM_LOCALID, SLURM_STEP_NODELIST,
+   SLURM_STEP_TASKS_PER_NODE, SLURM_JOB_ID, SLURM_STEP_ID).
+
+An inner launcher wins because it runs inside an outer one's allocation (mpirun inside an sbatch job sees
+the allocation's SLURM_* variables too). Overrides, for every launcher: HVDKERAS_RENDEZVOUS_ADDR and
+HVDKERAS_RENDEZVOUS_PORT (else MASTER_ADDR / MASTER_PORT), HVDKERAS_JOB_ID, HVDKERAS_IFACE (read by the
+rendezvous), and HVDKERAS_LAUNCHER=none to read no launcher at all.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import itertools
+import re
+from typing import Mapping
+
+LOOPBACK = "127.0.0.1"
+# Rendezvous ports derived from a job id fall in [PORT_BASE, PORT_BASE + PORT_SPAN): above the usual
+# service ports and below Linux's default ephemeral range (32768-60999), so a derived port is rarely taken.
+PORT_BASE = 20000
+PORT_SPAN = 12000
+
+
+@dataclasses.dataclass(frozen=True)
+class LaunchEnv:
+    """What a launcher told this process about its job.
+
+    Attributes:
+        launcher: the launcher's name, for messages ("Slurm", "OpenMPI", ...).
+        variables: the environment variables that were read, as NAME=value, for messages.
+        rank: this process's rank in [0, size).
+        size: how many processes the launcher started.
+        local_rank: this process's rank on its host, when the launcher says it.
+        local_size: processes on this host, when the launcher says it.
+        rendezvous_addr: host name or address of the rendezvous (rank 0 hosts it).
+        rendezvous_port: its TCP port.
+        addr_source: where the address came from ("MASTER_ADDR", "SLURM_STEP_NODELIST", ...).
+        job_id: identifies this job; a worker of another job is never admitted.
+        mpi: the launcher is an MPI launcher (an MPI build of Horovod forms such a job by itself).
+    """
+
+    launcher: str
+    variables: tuple[str, ...]
+    rank: int
+    size: int
+    local_rank: int | None
+    local_size: int | None
+    rendezvous_addr: str
+    rendezvous_port: int
+    addr_source: str
+    job_id: str
+    mpi: bool = False
+
+    def describe(self) -> str:
+        return f"{self.launcher} ({', '.join(self.variables)})"
+
+
+class LaunchEnvError(ValueError):
+    """The launcher's environment is inconsistent or incomplete; the message says what to set."""
+
+
+def _int(environ: Mapping[str, str], name: str, minimum: int = 0) -> int:
+    raw = environ[name]
+    try:
+        value = int(raw.strip())
+    except ValueError:
+        value = None
+    if value is None or value < minimum:
+        raise LaunchEnvError(f"{name} must be an integer >= {minimum}. Received: {name}={raw!r}")
+    return value
+
+
+def _opt_int(environ: Mapping[str, str], name: str, minimum: int = 0) -> int | None:
+    return _int(environ, name, minimum) if environ.get(name, "").strip() else None
+
+
+def expand_hostlist(hostlist: str) -> list[str]:
+    """Expands a Slurm host list: "node[01-03,07],gpu-[1-2]x" -> node01 node02 node03 node07 gpu-1x gpu-2x.
+
+    Raises:
+        LaunchEnvError: unbalanced brackets or a bad range.
+    """
+    items, depth, start = [], 0, 0
+    for i, ch in enumerate(hostlist):
+        if ch == "[":
+            depth += 1
+        elif ch == "]":
+            depth -= 1
+        elif ch == "," and depth == 0:
+            items.append(hostlist[start:i])
+            start = i + 1
+        if depth not in (0, 1):
+            raise LaunchEnvError(f"Cannot read the Slurm host list. Received: {hostlist!r}")
+    items.append(hostlist[start:])
+    if depth != 0:
+        raise LaunchEnvError(f"Cannot read the Slurm host list (unbalanced brackets). Received: {hostlist!r}")
+    hosts: list[str] = []
+    for item in (s.strip() for s in items):
+        if not item:
+            continue
+        parts = re.split(r"(\[[^\]]*\])", item)
+        choices = []
+        for part in parts:
+            if part.startswith("["):
+                choices.append(_expand_range(part[1:-1], hostlist))
+            elif part:
+                choices.append([part])
+        hosts.extend("".join(combo) for combo in itertools.product(*choices))
+    return hosts
+
+
+def _expand_range(body: str, hostlist: str) -> list[str]:
+    out = []
+    for piece in body.split(","):
+        match = re.fullmatch(r"(\d+)(?:-(\d+))?", piece.strip())
+        if not match:
+            raise LaunchEnvError(f"Cannot read the range [{body}] in the Slurm host list. Received: {hostlist!r}")
+        lo, hi = match.group(1), match.group(2) or match.group(1)
+        if int(hi) < int(lo):
+            raise LaunchEnvError(f"Descending range [{body}] in the Slurm host list. Received: {hostlist!r}")
+        width = len(lo)
+        out.extend(str(n).zfill(width) for n in range(int(lo), int(hi) + 1))
+    return out
+
+
+def expand_tasks_per_node(spec: str) -> list[int]:
+    """Expands SLURM_STEP_TASKS_PER_NODE / SLURM_TASKS_PER_NODE: "2(x3),1" -> [2, 2, 2, 1]."""
+    out = []
+    for piece in spec.split(","):
+        match = re.fullmatch(r"\s*(\d+)(?:\(x(\d+)\))?\s*", piece)
+        if not match:
+            raise LaunchEnvError(f"Cannot read the Slurm tasks per node. Received: {spec!r}")
+        out.extend([int(match.group(1))] * int(match.group(2) or 1))
+    return out
+
+
+def derived_port(job_id: str) -> int:
+    """A port every process of a job derives alike from its job id (no communication needed)."""
+    digest = int(hashlib.sha256(job_id.encode()).hexdigest(), 16)
+    return PORT_BASE + digest % PORT_SPAN
+
+
+def _address(environ: Mapping[str, str], all_local: bool, launcher_host: tuple[str, str] | None,
+             launcher: str) -> tuple[str, str]:
+    """(address, where it came from): an explicit override, else the launcher's, else this host."""
+    for name in ("HVDKERAS_RENDEZVOUS_ADDR", "MASTER_ADDR"):
+        if environ.get(name, "").strip():
+            return environ[name].strip(), name
+    if launcher_host is not None:
+        return launcher_host
+    if all_local:
+        return LOOPBACK, "all ranks on this host"
+    raise LaunchEnvError(
+        f"{launcher} started processes on several hosts but does not say where rank 0 runs, so the workers "
+        "cannot find the job's rendezvous. Set MASTER_ADDR (or HVDKERAS_RENDEZVOUS_ADDR) to rank 0's host name "
+        "or address in every process (mpirun: -x MASTER_ADDR=node1)."
+    )
+
+
+def _port(environ: Mapping[str, str], job_id: str | None, launcher: str) -> int:
+    for name in ("HVDKERAS_RENDEZVOUS_PORT", "MASTER_PORT"):
+        if environ.get(name, "").strip():
+            port = _int(environ, name, minimum=1)
+            if port > 65535:
+                raise LaunchEnvError(f"{name} must be a TCP port in [1, 65535]. Received: {name}={environ[name]!r}")
+            return port
+    if job_id is None:
+        raise LaunchEnvError(
+            f"{launcher}: no MASTER_PORT (or HVDKERAS_RENDEZVOUS_PORT) and no job id to derive a port from. "
+            "Set MASTER_PORT to a free TCP port on rank 0's host, the same in every process."
+        )
+    return derived_port(job_id)
+
+
+def _read(environ: Mapping[str, str], names: tuple[str, ...]) -> tuple[str, ...]:
+    return tuple(f"{n}={environ[n]}" for n in names if n in environ)
+
+
+def _check_rank(launcher: str, rank_name: str, rank: int, size_name: str, size: int) -> None:
+    if rank >= size:
+        raise LaunchEnvError(
+            f"{launcher}: the rank must be in [0, size). Received: {rank_name}={rank}, {size_name}={size}"
+        )
+
+
+def _finish(environ, *, launcher, names, rank, size, local_rank, local_size, launcher_job, launcher_host=None,
+            mpi=False) -> LaunchEnv | None:
+    if size == 1:
+        return None
+    all_local = local_size is not None and local_size == size
+    addr, source = _address(environ, all_local, launcher_host, launcher)
+    explicit_job = environ.get("HVDKERAS_JOB_ID", "").strip() or None
+    port = _port(environ, explicit_job or launcher_job, launcher)
+    # Without an id from the launcher, every process still derives the same one from what they share.
+    job_id = explicit_job or launcher_job or f"{launcher}:{addr}:{port}"
+    read = names + tuple(n for n in ("HVDKERAS_RENDEZVOUS_ADDR", "HVDKERAS_RENDEZVOUS_PORT", "MASTER_ADDR",
+                                     "MASTER_PORT", "HVDKERAS_JOB_ID") if n not in names)
+    return LaunchEnv(launcher=launcher, variables=_read(environ, read), rank=rank, size=size, local_rank=local_rank,
+                     local_size=local_size, rendezvous_addr=addr, rendezvous_port=port, addr_source=source,
+                     job_id=job_id, mpi=mpi)
+
+
+def _openmpi(environ):
+    names = ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
+             "OMPI_COMM_WORLD_LOCAL_SIZE")
+    rank = _int(environ, "OMPI_COMM_WORLD_RANK")
+    size = _int(environ, "OMPI_COMM_WORLD_SIZE", 1)
+    _check_rank("OpenMPI", "OMPI_COMM_WORLD_RANK", rank, "OMPI_COMM_WORLD_SIZE", size)
+    # OpenMPI 4 names the job in OMPI_MCA_ess_base_jobid, OpenMPI 5 (PMIx) in PMIX_NAMESPACE.
+    job = environ.get("PMIX_NAMESPACE") or environ.get("OMPI_MCA_ess_base_jobid")
+    return _finish(environ, launcher="OpenMPI", names=names + ("PMIX_NAMESPACE",), rank=rank, size=size,
+                   local_rank=_opt_int(environ, "OMPI_COMM_WORLD_LOCAL_RANK"),
+                   local_size=_opt_int(environ, "OMPI_COMM_WORLD_LOCAL_SIZE", 1),
+                   launcher_job=f"ompi-{job}" if job else None, mpi=True)
+
+
+def _mpich(environ):
+    names = ("PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID", "MPI_LOCALNRANKS")
+    rank = _int(environ, "PMI_RANK")
+    size = _int(environ, "PMI_SIZE", 1)
+    _check_rank("MPICH/Intel MPI", "PMI_RANK", rank, "PMI_SIZE", size)
+    job = environ.get("PMIX_NAMESPACE") or environ.get("PMI_KVSNAME")
+    return _finish(environ, launcher="MPICH/Intel MPI", names=names, rank=rank, size=size,
+                   local_rank=_opt_int(environ, "MPI_LOCALRANKID"), local_size=_opt_int(environ, "MPI_LOCALNRANKS", 1),
+                   launcher_job=f"pmi-{job}" if job else None, mpi=True)
+
+
+def _torchrun(environ):
+    names = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")
+    rank = _int(environ, "RANK")
+    size = _int(environ, "WORLD_SIZE", 1)
+    _check_rank("torchrun/Kubernetes", "RANK", rank, "WORLD_SIZE", size)
+    job = environ.get("TORCHELASTIC_RUN_ID")
+    return _finish(environ, launcher="torchrun/Kubernetes", names=names + ("TORCHELASTIC_RUN_ID",), rank=rank,
+                   size=size, local_rank=_opt_int(environ, "LOCAL_RANK"),
+                   local_size=_opt_int(environ, "LOCAL_WORLD_SIZE", 1), launcher_job=f"torch-{job}" if job else None)
+
+
+def _slurm(environ):
+    size_name = "SLURM_STEP_NUM_TASKS" if "SLURM_STEP_NUM_TASKS" in environ else "SLURM_NTASKS"
+    names = ("SLURM_PROCID", "SLURM_NTASKS", "SLURM_STEP_NUM_TASKS", "SLURM_LOCALID", "SLURM_NODEID", "SLURM_STEP_NODELIST",
+             "SLURM_STEP_TASKS_PER_NODE", "SLURM_JOB_ID", "SLURM_STEP_ID")
+    rank = _int(environ, "SLURM_PROCID")
+    size = _int(environ, size_name, 1)
+    _check_rank("Slurm", "SLURM_PROCID", rank, size_name, size)
+    nodelist_name = next((n for n in ("SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NODELIST")
+                          if environ.get(n, "").strip()), None)
+    nodes = expand_hostlist(environ[nodelist_name]) if nodelist_name else []
+    local_rank = _opt_int(environ, "SLURM_LOCALID")
+    tasks_name = next((n for n in ("SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE") if environ.get(n)), None)
+    node_id = _opt_int(environ, "SLURM_NODEID")
+    local_size = None
+    if len(nodes) == 1:
+        local_size = size
+    elif tasks_name is not None and node_id is not None:
+        per_node = expand_tasks_per_node(environ[tasks_name])
+        local_size = per_node[node_id] if node_id < len(per_node) else None
+    job = environ.get("SLURM_JOB_ID") or environ.get("SLURM_JOBID")
+    step = environ.get("SLURM_STEP_ID") or environ.get("SLURM_STEPID") or "0"
+    # One node: stay on loopback. Several: rank 0 runs on the step's first node (block and cyclic layouts).
+    launcher_host = None if len(nodes) <= 1 else (nodes[0], nodelist_name)
+    return _finish(environ, launcher="Slurm", names=names, rank=rank, size=size, local_rank=local_rank,
+                   local_size=local_size, launcher_job=f"slurm-{job}.{step}" if job else None,
+                   launcher_host=launcher_host)
+
+
+def detect(environ: Mapping[str, str]) -> LaunchEnv | None:
+    """The job this process's launcher started, or None when there is nothing for hvdkeras to form.
+
+    None means: horovodrun set Horovod up already, no launcher is visible, the launcher started a single
+    process, or HVDKERAS_LAUNCHER=none.
+
+    Args:
+        environ: the process environment (`os.environ`).
+
+    Returns:
+        A `LaunchEnv`, or None.
+
+    Raises:
+        LaunchEnvError: a launcher's variables are malformed or inconsistent, or a multi-host job gives no
+            way to find rank 0; the message names the variables and what to set.
+
+    Example:
+        >>> detect({"RANK": "1", "WORLD_SIZE": "2", "MASTER_ADDR": "node0", "MASTER_PORT": "29500"}).rank
+        1
+    """
+    if environ.get("HVDKERAS_LAUNCHER", "").strip().lower() in ("none", "off", "0"):
+        return None
+    if "HOROVOD_RANK" in environ or "HOROVOD_GLOO_RENDEZVOUS_ADDR" in environ:
+        return None
+    if "OMPI_COMM_WORLD_RANK" in environ and "OMPI_COMM_WORLD_SIZE" in environ:
+        return _openmpi(environ)
+    if "PMI_RANK" in environ and "PMI_SIZE" in environ:
+        return _mpich(environ)
+    if "RANK" in environ and "WORLD_SIZE" in environ:
+        return _torchrun(environ)
+    # SLURM_PROCID alone is also set in an sbatch script's own (batch) step, which is one process: only an
+    # srun step (SLURM_STEP_NUM_TASKS) or a step id names a set of tasks.
+    if "SLURM_PROCID" in environ and ("SLURM_STEP_NUM_TASKS" in environ or
+                                      environ.get("SLURM_STEP_ID", "batch") not in ("batch", "extern")):
+        return _slurm(environ)
+    return None

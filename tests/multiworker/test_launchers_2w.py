@@ -1,0 +1,187 @@
+"""One correct 2-worker job under each launcher on this host, never two silent single-worker jobs.
+
+Real Slurm (munged + slurmctld + slurmd started by a fixture), real OpenMPI mpirun, and two processes that
+only have the torchrun / Kubernetes variables; each on an unmodified Keras script and on a script that
+calls hvdkeras.init(). Then bad input: each a clear error within the bound, nothing hung.
+"""
+
+import socket
+import sys
+import time
+
+import pytest
+from jobcheck import SCRIPTS, check_two_workers, lines_by_rank, worker_command
+from lab import Slurm, require
+
+from launch import REPO, run_command, run_processes, show, start_processes
+
+LAUNCH_TIMEOUT = 300
+
+
+@pytest.fixture(scope="module")
+def slurm(tmp_path_factory):
+    require("slurmctld", "slurmd", "munged", "srun", "sbatch")
+    cluster = Slurm(tmp_path_factory.mktemp("slurm")).start()
+    yield cluster
+    cluster.stop()
+
+
+@pytest.mark.parametrize("kind", SCRIPTS)
+def test_srun_forms_one_job(slurm, tmp_path, kind):
+    cmd = ["srun", "-n", "2", "--label", "--kill-on-bad-exit=1", *worker_command(kind, tmp_path, "SLURM_PROCID")]
+    job = run_command(cmd, tmp_path, timeout=LAUNCH_TIMEOUT, env=slurm.env)
+    if job.returncode != 0:
+        job.fail(f"srun exited {job.returncode}\n{slurm.logs()}")
+    check_two_workers(tmp_path, kind, lines_by_rank(job.output, "srun"))
+
+
+@pytest.mark.parametrize("kind", SCRIPTS)
+def test_sbatch_example_forms_one_job(slurm, tmp_path, kind):
+    model = tmp_path / "model" / "0"  # one folder for the whole job: exactly one writer leaves one set of files
+    if kind == "plain":
+        args = ["-m", "hvdkeras", "--report-dir", str(tmp_path / "report"),
+                str(REPO / "examples" / "plain_keras_digits.py"), "--epochs", "1", "--out-dir", str(model)]
+    else:
+        args = [str(REPO / "tests" / "multiworker" / "workers" / "init_script.py"), "--report-dir",
+                str(tmp_path / "report"), "--epochs", "1", "--out-dir", str(model)]
+    log = tmp_path / "sbatch.out"
+    cmd = ["sbatch", "--wait", f"--output={log}", f"--chdir={REPO}", str(REPO / "examples" / "slurm_job.sbatch"), *args]
+    job = run_command(cmd, tmp_path, timeout=LAUNCH_TIMEOUT, env={**slurm.env, "HVDKERAS_PYTHON": sys.executable})
+    output = log.read_text() if log.exists() else ""
+    if job.returncode != 0:
+        job.fail(f"sbatch --wait exited {job.returncode}\n{output}\n{slurm.logs()}")
+    check_two_workers(tmp_path, kind, lines_by_rank(output, "srun"))
+
+
+@pytest.mark.parametrize("kind", SCRIPTS)
+def test_mpirun_forms_one_job(tmp_path, kind):
+    require("mpirun", root=False)
+    cmd = ["mpirun", "--allow-run-as-root", "-np", "2", "--tag-output", "--bind-to", "none",
+           *worker_command(kind, tmp_path, "OMPI_COMM_WORLD_RANK")]
+    job = run_command(cmd, tmp_path, timeout=LAUNCH_TIMEOUT)
+    if job.returncode != 0:
+        job.fail(f"mpirun exited {job.returncode}")
+    check_two_workers(tmp_path, kind, lines_by_rank(job.output, "mpirun"))
+
+
+def torch_env(rank: int, port: int, size: int = 2, **extra) -> dict:
+    return {"RANK": str(rank), "WORLD_SIZE": str(size), "LOCAL_RANK": str(rank), "LOCAL_WORLD_SIZE": str(size),
+            "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), **extra}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.parametrize("kind", SCRIPTS)
+def test_plain_rank_world_size_variables_form_one_job(tmp_path, kind):
+    port = free_port()
+    results = run_processes([(worker_command(kind, tmp_path, "RANK"), torch_env(r, port)) for r in (0, 1)],
+                            tmp_path, timeout=LAUNCH_TIMEOUT)
+    assert [r.returncode for r in results] == [0, 0], show(results)
+    check_two_workers(tmp_path, kind, {r: results[r].output.splitlines() for r in (0, 1)})
+
+
+# ------------------------------------------------------------------------------------------ bad input
+BOUND = 10  # HVDKERAS_RENDEZVOUS_TIMEOUT in these tests (the default is 60)
+# Starting TensorFlow takes 5-20 s here when several processes start at once; that is not the bound's.
+SLACK = 45
+ONE_STEP = [sys.executable, "-c", "import hvdkeras as hvd; hvd.init(); print('size', hvd.size())"]
+HOROVOD_FIRST = [sys.executable, "-c", "import horovod.tensorflow as h; h.init(); import hvdkeras as hvd; hvd.init()"]
+
+
+def slurm_step_env(rank: int, ntasks: int = 2) -> dict:
+    """The variables srun gives a task of a 2-task step on this host (as recorded from a real step)."""
+    host = socket.gethostname()
+    return {"SLURM_PROCID": str(rank), "SLURM_NTASKS": str(ntasks), "SLURM_STEP_NUM_TASKS": str(ntasks),
+            "SLURM_LOCALID": str(rank), "SLURM_NODEID": "0", "SLURM_STEP_NODELIST": host,
+            "SLURM_STEP_TASKS_PER_NODE": str(ntasks), "SLURM_JOB_ID": "4242", "SLURM_STEP_ID": "0"}
+
+
+BAD = {
+    "unresolvable MASTER_ADDR": [(ONE_STEP, {**torch_env(r, 29731), "MASTER_ADDR": "no-such-host.invalid"})
+                                 for r in (0, 1)],
+    "WORLD_SIZE differs": [(ONE_STEP, torch_env(0, 29732)), (ONE_STEP, torch_env(1, 29732, size=3))],
+    "SLURM_NTASKS=2, one task": [(ONE_STEP, slurm_step_env(0))],
+    "rank 0 never starts": [(ONE_STEP, torch_env(1, 29733))],
+    "Horovod already size 1": [(HOROVOD_FIRST, torch_env(0, 29734))],
+}
+
+
+@pytest.fixture(scope="module")
+def bad_input(tmp_path_factory):
+    """Every bad-input case at once (they mostly wait), each process timed from its own start."""
+    out = tmp_path_factory.mktemp("bad")
+    commands, cases = [], []
+    for case, procs in BAD.items():
+        for argv, env in procs:
+            commands.append((argv, {**env, "HVDKERAS_RENDEZVOUS_TIMEOUT": str(BOUND)}))
+            cases.append(case)
+    start = time.monotonic()
+    results = run_processes(commands, out, timeout=BOUND + SLACK + 60)
+    elapsed = time.monotonic() - start
+    by_case: dict = {}
+    for case, result in zip(cases, results):
+        by_case.setdefault(case, []).append(result)
+    return by_case, elapsed
+
+
+@pytest.mark.parametrize("case, expected", [
+    ("unresolvable MASTER_ADDR", ["does not resolve", "MASTER_ADDR gave 'no-such-host.invalid'"]),
+    ("WORLD_SIZE differs", ["disagree on the job's size", "rank 0 says 2", "says 3", "WORLD_SIZE=3"]),
+    ("SLURM_NTASKS=2, one task", ["Ranks [1] of 2 never joined", "Slurm", "SLURM_NTASKS=2", "within 10 s"]),
+    ("rank 0 never starts", ["could not reach the job's rendezvous at 127.0.0.1:29733", "within 10 s"]),
+    ("Horovod already size 1", ["torchrun/Kubernetes started 2 processes", "WORLD_SIZE=2",
+                                "formed a job of size 1", "HVDKERAS_LAUNCHER=none"]),
+])
+def test_bad_input_fails_clearly_within_the_bound(bad_input, case, expected):
+    by_case, elapsed = bad_input
+    results = by_case[case]
+    assert elapsed <= BOUND + SLACK, f"the bad-input processes took {elapsed:.0f} s"
+    for result in results:
+        assert result.returncode != 0, show(results)
+        assert "Traceback" in result.output
+    text = "\n".join(r.output for r in results)
+    for fragment in expected:
+        assert fragment in text, show(results)
+    # The size conflict is seen by both ranks, not just the one that brought it.
+    if case == "WORLD_SIZE differs":
+        assert all("disagree on the job's size" in r.output for r in results), show(results)
+
+
+HOLD = [sys.executable, "-c", "import os, time, hvdkeras as hvd; hvd.init(); "
+        "[time.sleep(0.2) for _ in range(1500) if not os.path.exists('release')]; "
+        "print('held job sum', int(hvd.allreduce(1, op=hvd.Sum)), 'size', hvd.size())"]
+
+
+def test_a_second_job_on_a_held_port_does_not_join_the_first(tmp_path):
+    port = free_port()
+    first = tmp_path / "first"
+    # The first job forms and holds its rendezvous until released; the second starts on the same MASTER_PORT.
+    running = start_processes([(HOLD, torch_env(r, port)) for r in (0, 1)], first)
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and not listening(port):
+            time.sleep(0.5)
+        second = run_processes([(ONE_STEP, {**torch_env(r, port), "HVDKERAS_RENDEZVOUS_TIMEOUT": str(BOUND)})
+                                for r in (0, 1)], tmp_path / "second", timeout=BOUND + SLACK + 60)
+        (first / "release").write_text("")
+        first_results = running.wait(LAUNCH_TIMEOUT)
+    finally:
+        running.kill()
+    assert all(r.returncode != 0 for r in second), show(second)
+    assert "Another job (or another program) holds this port" in second[0].output, show(second)
+    assert "rank 1 is already in the job at this rendezvous" in second[1].output, show(second)
+    # The first job was not disturbed: both its workers still sum over exactly two ranks.
+    assert [r.returncode for r in first_results] == [0, 0], show(first_results)
+    assert all("held job sum 2 size 2" in r.output for r in first_results), show(first_results)
+
+
+def listening(port: int) -> bool:
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=1).close()
+        return True
+    except OSError:
+        return False
