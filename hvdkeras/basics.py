@@ -69,8 +69,10 @@ def init(pin_gpus: bool = True) -> None:
     if not C.is_initialized():
         # An MPI build of Horovod forms an mpirun job by itself; everything else goes through our rendezvous.
         if launch is not None and not (launch.mpi and C.build_info()["mpi"]):
-            rendezvous.form(launch)
-        C.init()
+            with rendezvous.init_watchdog(rendezvous.form(launch)):
+                C.init()
+        else:
+            C.init()
     if launch is not None and C.size() != launch.size:
         raise rendezvous.RendezvousError(
             f"{launch.launcher} started {launch.size} processes ({', '.join(launch.variables)}), but Horovod "

@@ -13,6 +13,7 @@ HVDKERAS_RENDEZVOUS_TIMEOUT seconds (default 60) naming the address it tried and
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import http.client
 import json
@@ -420,6 +421,36 @@ def form(env: LaunchEnv, environ: MutableMapping[str, str] | None = None) -> For
     _install_excepthook(peers, env.rank)
     _active = Formed(env=env, peers=peers, server=server)
     return _active
+
+
+@contextlib.contextmanager
+def init_watchdog(formed: Formed, environ: Mapping[str, str] | None = None):
+    """Bounds Horovod's own init of a job we formed: past the bound the process exits with a clear message.
+
+    Horovod's init blocks in C++ (Gloo connecting every pair of workers) and cannot be interrupted; when a
+    peer dies in the middle of it, the others would wait forever.
+    """
+    environ = os.environ if environ is None else environ
+    bound = rendezvous_timeout(environ)
+    me = formed.env.rank
+
+    def expire() -> None:
+        lost = unreachable_peers(formed.peers, me)
+        detail = f"unreachable: {'; '.join(lost)}" if lost else "every peer's host answers, so a peer failed " \
+                                                                "while connecting (see its output)"
+        print(f"hvdkeras: rank {me}: Horovod did not finish connecting the {formed.env.size} workers within "
+              f"{bound:g} s after all of them registered ({detail}; Gloo interface "
+              f"{environ.get('HOROVOD_GLOO_IFACE')}). Exiting instead of hanging; HVDKERAS_RENDEZVOUS_TIMEOUT sets "
+              "this bound.", file=sys.stderr, flush=True)
+        os._exit(1)
+
+    timer = threading.Timer(bound, expire)
+    timer.daemon = True
+    timer.start()
+    try:
+        yield
+    finally:
+        timer.cancel()
 
 
 def active() -> Formed | None:

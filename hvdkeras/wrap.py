@@ -7,7 +7,7 @@
   with equal steps; broadcast, exact-metric (and warm-up) callbacks are added; progress on rank 0 only;
   ModelCheckpoint / TensorBoard / CSVLogger / BackupAndRestore act on rank 0 only.
 - `save`, `save_weights`, `export`: rank 0 writes (atomically), the others wait for it.
-`predict` is left as it is.
+`predict` is left as it is, and so is a model that the script compiles with a DistributedOptimizer itself.
 """
 
 from __future__ import annotations
@@ -139,6 +139,8 @@ def install(options: Options | None = None) -> None:
 def _bind(original, replacement):
     @functools.wraps(original)
     def method(self, *args, **kwargs):
+        if getattr(self, "_hvdkeras_explicit", False) and replacement is not _compile:
+            return original(self, *args, **kwargs)
         return replacement(original, self, *args, **kwargs)
 
     return method
@@ -158,7 +160,13 @@ def _opts() -> Options:
 # ---------------------------------------------------------------------------------------------- compile
 def _compile(original, model, optimizer="rmsprop", *args, **kwargs):
     opts = _opts()
-    if optimizer is not None and not isinstance(optimizer, DistributedOptimizer):
+    # A script that compiles with a DistributedOptimizer uses hvdkeras's API itself: it shards its data,
+    # adds its callbacks and gates its own writes (often `if hvd.rank() == 0: model.save(...)`, where a
+    # wrapped save would wait for ranks that never call it). Such a model is left as the script made it.
+    model._hvdkeras_explicit = isinstance(optimizer, DistributedOptimizer)
+    if model._hvdkeras_explicit:
+        return original(model, optimizer, *args, **kwargs)
+    if optimizer is not None:
         optimizer = keras.optimizers.get(optimizer)
         base = unwrap(optimizer)
         current = base._learning_rate

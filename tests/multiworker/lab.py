@@ -167,7 +167,7 @@ class Slurm:
 
 
 # ------------------------------------------------------------------------------------ two test hosts
-class TestHosts:
+class LabHosts:
     """Two test hosts: network namespaces joined by a veth pair, each with its own address and /etc/hosts.
 
     Both ends of the link have the same interface name (horovodrun looks for an interface common to all
@@ -193,8 +193,23 @@ class TestHosts:
     def run(self, host: str, *cmd: str, check: bool = True) -> subprocess.CompletedProcess:
         return _run(*self.ns(host, *cmd), check=check)
 
-    def start(self) -> "TestHosts":
+    @staticmethod
+    def remove_stale() -> None:
+        """Removes the test hosts of earlier runs whose pytest process is gone (killed before teardown)."""
+        import psutil
+
+        listed = _run("ip", "netns", "list", check=False).stdout.split()
+        for ns in (n for n in listed if n.startswith("hvdk-")):
+            owner = ns.rsplit("-", 1)[-1]
+            if owner.isdigit() and not any(p.pid % 100000 == int(owner) for p in psutil.process_iter()):
+                for pid in _run("ip", "netns", "pids", ns, check=False).stdout.split():
+                    kill_tree(int(pid))
+                _run("ip", "netns", "del", ns, check=False)
+                shutil.rmtree(Path("/etc/netns") / ns, ignore_errors=True)
+
+    def start(self) -> "LabHosts":
         a, b = self.NAMES
+        self.remove_stale()
         try:
             for host in self.NAMES:
                 _run("ip", "netns", "add", self.netns[host])

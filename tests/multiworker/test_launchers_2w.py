@@ -89,6 +89,9 @@ BOUND = 10  # HVDKERAS_RENDEZVOUS_TIMEOUT in these tests (the default is 60)
 # Starting TensorFlow takes 5-20 s here when several processes start at once; that is not the bound's.
 SLACK = 45
 ONE_STEP = [sys.executable, "-c", "import hvdkeras as hvd; hvd.init(); print('size', hvd.size())"]
+# Registers at the rendezvous like a worker, then dies before Horovod connects the workers.
+DIES_AFTER_REGISTERING = [sys.executable, "-c", "import os, hvdkeras.launching as L, hvdkeras.rendezvous as R; "
+                          "R.form(L.detect(os.environ)); os._exit(3)"]
 HOROVOD_FIRST = [sys.executable, "-c", "import horovod.tensorflow as h; h.init(); import hvdkeras as hvd; hvd.init()"]
 
 
@@ -107,6 +110,7 @@ BAD = {
     "SLURM_NTASKS=2, one task": [(ONE_STEP, slurm_step_env(0))],
     "rank 0 never starts": [(ONE_STEP, torch_env(1, 29733))],
     "Horovod already size 1": [(HOROVOD_FIRST, torch_env(0, 29734))],
+    "a peer dies after registering": [(ONE_STEP, torch_env(0, 29735)), (DIES_AFTER_REGISTERING, torch_env(1, 29735))],
 }
 
 
@@ -135,14 +139,17 @@ def bad_input(tmp_path_factory):
     ("rank 0 never starts", ["could not reach the job's rendezvous at 127.0.0.1:29733", "within 10 s"]),
     ("Horovod already size 1", ["torchrun/Kubernetes started 2 processes", "WORLD_SIZE=2",
                                 "formed a job of size 1", "HVDKERAS_LAUNCHER=none"]),
+    ("a peer dies after registering", ["rank 0: Horovod did not finish connecting the 2 workers within 10 s",
+                                       "unreachable: rank 1 on", "Exiting instead of hanging"]),
 ])
 def test_bad_input_fails_clearly_within_the_bound(bad_input, case, expected):
     by_case, elapsed = bad_input
     results = by_case[case]
     assert elapsed <= BOUND + SLACK, f"the bad-input processes took {elapsed:.0f} s"
-    for result in results:
+    # The peer that dies on purpose says nothing; every other process fails with the error.
+    for result in results[:1] if case == "a peer dies after registering" else results:
         assert result.returncode != 0, show(results)
-        assert "Traceback" in result.output
+        assert "Traceback" in result.output or "Exiting instead of hanging" in result.output
     text = "\n".join(r.output for r in results)
     for fragment in expected:
         assert fragment in text, show(results)

@@ -1,0 +1,98 @@
+"""Across two test hosts (network namespaces joined by a veth pair): one job of two workers, one per host.
+
+Each host's /etc/hosts maps this machine's host name to a loopback address, so these tests also fail
+without the Horovod patch in scripts/install_horovod.sh (Horovod 0.28.1's process-set Gloo context
+ignores HOROVOD_GLOO_IFACE and binds to what the host name resolves to).
+"""
+
+import os
+import time
+
+import pytest
+from jobcheck import SCRIPTS, check_two_workers, lines_by_rank, run_args
+from lab import LabHosts, require
+
+from launch import VENV_BIN, Started, run_command, show
+
+LAUNCH_TIMEOUT = 300
+HVDKERAS = str(VENV_BIN / "hvdkeras")
+
+
+@pytest.fixture(scope="module")
+def hosts(tmp_path_factory):
+    require("ip")
+    lab = LabHosts(tmp_path_factory.mktemp("hosts")).start()
+    yield lab
+    lab.stop()
+
+
+def node_command(hosts: LabHosts, node: int, args: list[str], port: int, *extra: str) -> list[str]:
+    host = hosts.NAMES[node]
+    return hosts.ns(host, HVDKERAS, "run", "--nnodes", "2", "--node-rank", str(node), "--master-addr",
+                    hosts.NAMES[0], "--master-port", str(port), *extra, *args)
+
+
+@pytest.mark.parametrize("kind", SCRIPTS)
+def test_ssh_less_run_on_each_host_forms_one_job(hosts, tmp_path, kind):
+    port = 29610 + SCRIPTS.index(kind)
+    commands = [(node_command(hosts, n, run_args(kind, tmp_path, tmp_path / "model" / str(n)), port), {})
+                for n in (0, 1)]
+    results = Started(commands, tmp_path).wait(LAUNCH_TIMEOUT)
+    assert [r.returncode for r in results] == [0, 0], show(results)
+    lines = {}
+    for result in results:
+        for rank, rank_lines in lines_by_rank(result.output, "horovodrun").items():
+            lines.setdefault(rank, []).extend(rank_lines)
+    reports = check_two_workers(tmp_path, kind, lines)
+    assert all(reports[r]["size"] == 2 for r in (0, 1))
+    if kind == "init":  # one worker per host: each is alone on its host, and two hosts cross
+        assert [reports[r]["local_rank"] for r in (0, 1)] == [0, 0]
+        assert [reports[r]["cross_size"] for r in (0, 1)] == [2, 2]
+    assert hosts.processes() == {"hosta": [], "hostb": []}
+
+
+@pytest.fixture(scope="module")
+def ssh_path(hosts):
+    require("sshd", "ssh", "ssh-keygen")
+    return hosts.start_sshd()
+
+
+@pytest.mark.parametrize("kind", SCRIPTS)
+def test_hvdkeras_run_over_ssh_forms_one_job(hosts, ssh_path, tmp_path, kind):
+    a, b = hosts.NAMES
+    cmd = hosts.ns(a, HVDKERAS, "run", "-np", "2", "-H", f"{a}:1,{b}:1",
+                   *run_args(kind, tmp_path, tmp_path / "model" / "0"))
+    job = run_command(cmd, tmp_path, timeout=LAUNCH_TIMEOUT,
+                      env={"PATH": os.pathsep.join([str(ssh_path), str(VENV_BIN), os.environ["PATH"]])})
+    if job.returncode != 0:
+        job.fail(f"hvdkeras run -H over ssh exited {job.returncode}")
+    check_two_workers(tmp_path, kind, lines_by_rank(job.output, "horovodrun"), shared_dir=True)
+    assert hosts.processes() == {"hosta": [], "hostb": []}
+
+
+STALL = 15
+
+
+def test_cut_link_ends_both_workers_naming_the_lost_peer(hosts, tmp_path):
+    commands = [(node_command(hosts, n, run_args("init", tmp_path, tmp_path / "model" / str(n), epochs=200), 29620,
+                              "--stall-timeout", str(STALL)), {}) for n in (0, 1)]
+    running = Started(commands, tmp_path)
+    try:
+        deadline = time.monotonic() + 180
+        log = tmp_path / "proc0.log"
+        while time.monotonic() < deadline and "Epoch 3/" not in log.read_text():
+            assert all(p.poll() is None for p in running.procs), log.read_text()[-3000:]
+            time.sleep(0.5)
+        assert "Epoch 3/" in log.read_text(), "training did not start"
+        cut = time.monotonic()
+        hosts.cut()
+        results = running.wait(STALL + 30 + 60)
+        ended = time.monotonic() - cut
+    finally:
+        running.kill()
+    assert all(r.returncode != 0 for r in results), show(results)
+    assert ended <= STALL + 30, f"the workers took {ended:.1f} s to exit after the cut\n{show(results)}"
+    assert "unreachable: rank 1 on" in results[0].output and "(10." in results[0].output, show(results)
+    assert "unreachable: rank 0 on" in results[1].output, show(results)
+    assert hosts.processes() == {"hosta": [], "hostb": []}
+    print(f"cut link: both workers exited {ended:.1f} s after the cut (stall timeout {STALL} s)")
