@@ -162,6 +162,10 @@ def validate(ns: argparse.Namespace, *, which: Callable[[str], str | None] = shu
     if not isfile(ns.script):
         raise UsageError(f"the training script does not exist. Received: script={ns.script!r}")
     elastic = ns.min_np is not None or ns.max_np is not None or ns.host_discovery_script is not None
+    if nodes is not None and ns.hosts is not None:
+        raise UsageError(f"--nnodes starts the workers of this node itself: it takes no -H. Received: -H {ns.hosts!r}")
+    if nodes is not None and elastic:
+        raise UsageError("--nnodes takes no elastic options. Received: --min-np/--max-np/--host-discovery-script")
     if ns.hosts is not None:
         slots = sum(n for _, n in parse_hosts(ns.hosts))
         if slots < ns.np and not elastic:
@@ -196,10 +200,6 @@ def validate(ns: argparse.Namespace, *, which: Callable[[str], str | None] = shu
     if not stall > 0:
         raise UsageError(f"--stall-timeout must be > 0 seconds. Received: --stall-timeout {stall:g}")
     if nodes is not None:
-        if ns.hosts is not None or elastic:
-            raise UsageError("--nnodes starts the workers of this node itself: it takes no -H and no elastic "
-                             f"options. Received: -H {ns.hosts!r}" if ns.hosts is not None else
-                             "--nnodes takes no elastic options (--min-np/--max-np/--host-discovery-script)")
         return RunConfig(
             np=nodes["nnodes"] * nodes["nproc_per_node"], hosts="", script=ns.script, script_args=tuple(ns.script_args),
             forwarded=tuple(wrap_flags(ns)), controller="gloo", python=python, horovodrun="", stall_timeout=stall,

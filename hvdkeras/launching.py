@@ -150,20 +150,22 @@ def derived_port(job_id: str) -> int:
     return PORT_BASE + digest % PORT_SPAN
 
 
-def _address(environ: Mapping[str, str], all_local: bool, launcher_host: tuple[str, str] | None,
-             launcher: str) -> tuple[str, str]:
+def _address(environ: Mapping[str, str], local_size: int | None, size: int,
+             launcher_host: tuple[str, str] | None, launcher: str) -> tuple[str, str]:
     """(address, where it came from): an explicit override, else the launcher's, else this host."""
     for name in ("HVDKERAS_RENDEZVOUS_ADDR", "MASTER_ADDR"):
         if environ.get(name, "").strip():
             return environ[name].strip(), name
     if launcher_host is not None:
         return launcher_host
-    if all_local:
+    if local_size == size:
         return LOOPBACK, "all ranks on this host"
+    where = (f"started {size} processes, {local_size} on this host," if local_size is not None
+             else f"started {size} processes without saying how many run on this host,")
     raise LaunchEnvError(
-        f"{launcher} started processes on several hosts but does not say where rank 0 runs, so the workers "
-        "cannot find the job's rendezvous. Set MASTER_ADDR (or HVDKERAS_RENDEZVOUS_ADDR) to rank 0's host name "
-        "or address in every process (mpirun: -x MASTER_ADDR=node1)."
+        f"{launcher} {where} and does not say where rank 0 runs, so the workers cannot find the job's "
+        "rendezvous. Set MASTER_ADDR (or HVDKERAS_RENDEZVOUS_ADDR) to rank 0's host name or address in every "
+        "process (mpirun: -x MASTER_ADDR=node1)."
     )
 
 
@@ -197,8 +199,7 @@ def _finish(environ, *, launcher, names, rank, size, local_rank, local_size, lau
             mpi=False) -> LaunchEnv | None:
     if size == 1:
         return None
-    all_local = local_size is not None and local_size == size
-    addr, source = _address(environ, all_local, launcher_host, launcher)
+    addr, source = _address(environ, local_size, size, launcher_host, launcher)
     explicit_job = environ.get("HVDKERAS_JOB_ID", "").strip() or None
     port = _port(environ, explicit_job or launcher_job, launcher)
     # Without an id from the launcher, every process still derives the same one from what they share.

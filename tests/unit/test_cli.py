@@ -91,3 +91,42 @@ def test_options_from_environment():
         wrap.options_from_env({"HVDKERAS_NO_SHARD": "maybe"})
     with pytest.raises(ValueError, match="Received: lr_scaling='cubic'"):
         wrap.Options(**wrap.options_from_env({"HVDKERAS_LR_SCALING": "cubic"}))
+
+
+def test_node_workers_carry_the_torchrun_variables():
+    cfg = config("--nnodes", "2", "--node-rank", "1", "--nproc-per-node", "2", "--master-addr", "node0",
+                 "--master-port", "29400", "--job-id", "exp", "--fp16-allreduce", "t.py", "--epochs", "2")
+    assert cfg.np == 4
+    workers = cli.build_node_workers(cfg)
+    assert [w[0] for w in workers] == [["/venv/bin/python", "-m", "hvdkeras", "--fp16-allreduce", "t.py",
+                                        "--epochs", "2"]] * 2
+    assert [(e["RANK"], e["LOCAL_RANK"]) for _, e in workers] == [("2", "0"), ("3", "1")]
+    assert {(e["WORLD_SIZE"], e["LOCAL_WORLD_SIZE"], e["MASTER_ADDR"], e["MASTER_PORT"], e["HVDKERAS_JOB_ID"])
+            for _, e in workers} == {("4", "2", "node0", "29400", "exp")}
+
+
+def test_single_node_form_defaults():
+    cfg = config("--nnodes", "1", "t.py")
+    (argv, env), = cli.build_node_workers(cfg)
+    assert (env["RANK"], env["WORLD_SIZE"], env["MASTER_ADDR"], env["MASTER_PORT"]) == \
+        ("0", "1", "127.0.0.1", str(cli.DEFAULT_MASTER_PORT))
+    assert "HVDKERAS_JOB_ID" not in env
+
+
+@pytest.mark.parametrize("argv, message", [
+    (("t.py",), "-np is required"),
+    (("--nnodes", "0", "t.py"), "--nnodes must be an integer >= 1. Received: --nnodes 0"),
+    (("--nnodes", "2", "--master-addr", "a", "t.py"), "--node-rank is required with --nnodes 2"),
+    (("--nnodes", "2", "--node-rank", "2", "--master-addr", "a", "t.py"), "Received: --node-rank 2"),
+    (("--nnodes", "2", "--node-rank", "0", "t.py"), "--master-addr is required"),
+    (("--nnodes", "2", "--node-rank", "0", "--master-addr", "a", "--master-port", "0", "t.py"),
+     "Received: --master-port 0"),
+    (("--nnodes", "2", "--node-rank", "0", "--master-addr", "a", "-np", "3", "t.py"), "Received: -np 3"),
+    (("--nnodes", "1", "--nproc-per-node", "0", "t.py"), "Received: --nproc-per-node 0"),
+    (("--node-rank", "1", "-np", "2", "t.py"), "need --nnodes"),
+    (("--nnodes", "1", "-H", "a:1", "t.py"), "takes no -H"),
+])
+def test_bad_multi_node_options(argv, message):
+    with pytest.raises(cli.UsageError) as err:
+        config(*argv)
+    assert message in str(err.value)

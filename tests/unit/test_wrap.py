@@ -88,3 +88,19 @@ def test_uninstall_restores_keras(hvd):
     assert keras.Model.fit is not original
     wrap.uninstall()
     assert keras.Model.fit is original
+
+
+def test_a_script_compiling_with_a_distributed_optimizer_is_left_alone(installed, monkeypatch, tmp_path):
+    """Explicit-API scripts shard and gate their own writes: no second sharding, no barrier in save."""
+    monkeypatch.setattr(C, "size", lambda: 2)
+    m = model()
+    opt = DistributedOptimizer(keras.optimizers.SGD(0.1))
+    m.compile(optimizer=opt, loss="mse")
+    assert m.optimizer is opt and float(opt.learning_rate) == pytest.approx(0.1)  # not scaled again
+    seen = {}
+    monkeypatch.setattr(wrap, "_sharded_fit_inputs", lambda kwargs: seen.setdefault("sharded", True) and kwargs)
+    m.fit(np.ones((8, 3), "float32"), np.ones((8, 2), "float32"), epochs=1, verbose=0)
+    assert "sharded" not in seen
+    monkeypatch.setattr(C, "rank", lambda: 1)
+    m.save(tmp_path / "rank1.keras")  # the script asked for it on this rank: it is written, nothing waits
+    assert (tmp_path / "rank1.keras").exists()
