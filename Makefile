@@ -10,7 +10,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.hvdkeras-installed
 PYTEST_ARGS ?=
 
-.PHONY: install test test-fast demo bench lint clean
+.PHONY: install lab test test-fast demo bench lint clean
 
 install: $(STAMP)
 
@@ -24,8 +24,12 @@ $(STAMP): setup.cfg pyproject.toml scripts/install_horovod.sh Makefile
 	$(VENV)/bin/horovodrun --check-build
 	touch $(STAMP)
 
-test: install
+test: install lab
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+# The test lab's system packages (Slurm, munge, OpenMPI, sshd), installed when root and missing.
+lab:
+	bash scripts/install_lab.sh
 
 test-fast: install
 	$(PY) -m pytest -m "not multiworker" $(PYTEST_ARGS)

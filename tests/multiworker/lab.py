@@ -178,8 +178,9 @@ class LabHosts:
     NAMES = ("hosta", "hostb")
     IFACE = "hklab0"
 
-    def __init__(self, root: Path, subnet: int = 77):
+    def __init__(self, root: Path, subnet: int = 77, aliases: dict[str, list[str]] | None = None):
         self.root = root
+        self.aliases = aliases or {}  # more names for a host, in every host's /etc/hosts
         tag = f"{os.getpid() % 100000}"
         self.netns = {name: f"hvdk-{name[-1]}-{tag}" for name in self.NAMES}
         self.addr = {name: f"10.{subnet}.0.{i + 1}" for i, name in enumerate(self.NAMES)}
@@ -218,7 +219,7 @@ class LabHosts:
                 (etc / "hosts").write_text(
                     "127.0.0.1 localhost\n"
                     f"127.0.1.1 {socket.gethostname()}\n"
-                    + "".join(f"{self.addr[h]} {h}\n" for h in self.NAMES))
+                    + "".join(f"{self.addr[h]} {' '.join([h, *self.aliases.get(h, [])])}\n" for h in self.NAMES))
             tmp_a, tmp_b = f"hkva{os.getpid() % 100000}", f"hkvb{os.getpid() % 100000}"
             _run("ip", "link", "add", tmp_a, "type", "veth", "peer", "name", tmp_b)
             for host, dev in ((a, tmp_a), (b, tmp_b)):

@@ -6,22 +6,27 @@ ignores HOROVOD_GLOO_IFACE and binds to what the host name resolves to).
 """
 
 import os
+import sys
 import time
 
 import pytest
 from jobcheck import SCRIPTS, check_two_workers, lines_by_rank, run_args
 from lab import LabHosts, require
 
-from launch import VENV_BIN, Started, run_command, show
+from launch import REPO, VENV_BIN, Started, run_command, show
 
 LAUNCH_TIMEOUT = 300
 HVDKERAS = str(VENV_BIN / "hvdkeras")
 
 
+MANIFEST = REPO / "examples" / "kubernetes_indexed_job.yaml"
+POD0 = "hvdkeras-digits-0.hvdkeras-digits"  # pod 0's name through the manifest's headless Service
+
+
 @pytest.fixture(scope="module")
 def hosts(tmp_path_factory):
     require("ip")
-    lab = LabHosts(tmp_path_factory.mktemp("hosts")).start()
+    lab = LabHosts(tmp_path_factory.mktemp("hosts"), aliases={"hosta": [POD0]}).start()
     yield lab
     lab.stop()
 
@@ -96,3 +101,41 @@ def test_cut_link_ends_both_workers_naming_the_lost_peer(hosts, tmp_path):
     assert "unreachable: rank 0 on" in results[1].output, show(results)
     assert hosts.processes() == {"hosta": [], "hostb": []}
     print(f"cut link: both workers exited {ended:.1f} s after the cut (stall timeout {STALL} s)")
+
+
+def pod_commands(out):
+    """Each pod's (argv, env) exactly as examples/kubernetes_indexed_job.yaml gives them, with the downward
+    API filled in as Kubernetes does, the interpreter and paths of this checkout, and a 1-epoch run."""
+    import yaml
+
+    docs = list(yaml.safe_load_all(MANIFEST.read_text()))
+    job = next(d for d in docs if d["kind"] == "Job")
+    service = next(d for d in docs if d["kind"] == "Service")
+    pod = job["spec"]["template"]["spec"]
+    container = pod["containers"][0]
+    assert f"{job['metadata']['name']}-0.{pod['subdomain']}" == POD0 and service["metadata"]["name"] == pod["subdomain"]
+    pods = []
+    for index in range(job["spec"]["completions"]):
+        downward = {"metadata.annotations['batch.kubernetes.io/job-completion-index']": str(index),
+                    "metadata.labels['batch.kubernetes.io/controller-uid']": "3f1c-uid-of-this-job"}
+        env = {e["name"]: e["value"] if "value" in e else downward[e["valueFrom"]["fieldRef"]["fieldPath"]]
+               for e in container["env"]}
+        argv = list(container["command"])
+        assert argv[:3] == ["python", "-m", "hvdkeras"]
+        argv[0] = sys.executable
+        argv = [str(REPO / a) if a.endswith(".py") else a for a in argv]
+        argv[argv.index("--epochs") + 1] = "1"
+        argv[argv.index("--out-dir") + 1] = str(out / "model" / str(index))
+        pods.append((argv, {**env, "HVDKERAS_REPORT_DIR": str(out / "report")}))
+    assert all(int(env["WORLD_SIZE"]) == len(pods) for _, env in pods)
+    return pods
+
+
+def test_kubernetes_indexed_job_manifest_forms_one_job(hosts, tmp_path):
+    """The manifest's two pods, each in its own network namespace as pods are, pod 0 reached by its DNS name."""
+    pods = pod_commands(tmp_path)
+    results = Started([(hosts.ns(hosts.NAMES[i], *argv), env) for i, (argv, env) in enumerate(pods)],
+                      tmp_path).wait(LAUNCH_TIMEOUT)
+    assert [r.returncode for r in results] == [0, 0], show(results)
+    check_two_workers(tmp_path, "plain", {i: r.output.splitlines() for i, r in enumerate(results)})
+    assert hosts.processes() == {"hosta": [], "hostb": []}
