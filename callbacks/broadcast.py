@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import tensorflow as tf
+
 from hvdkeras import basics
 
 from ._base import HvdCallback
@@ -26,12 +28,41 @@ def broadcast_model(model, root_rank: int = 0, check: bool | None = None) -> Non
     basics.broadcast_variables(model_and_optimizer_variables(model), root_rank=root_rank, check=check)
 
 
+def broadcast_at_first_step(model, root_rank: int = 0, check: bool | None = None) -> None:
+    """Broadcasts a model that Keras has not built yet, before its first forward pass.
+
+    Keras builds a model without an `Input` (a Sequential of layers, a subclassed model) only when its
+    train step is first traced, after `on_train_begin`: until then it has no variables to broadcast, and
+    an optimizer built now would be built for none. So the train step is wrapped: at its first trace it
+    builds the model, its metrics and the optimizer from the batch's shapes, as Keras itself does under a
+    distribution strategy, and broadcasts them eagerly (outside the graph being traced), before the
+    original step computes anything. Every worker traces its first step at the same point of `fit`.
+    """
+    original = model.train_step
+    done = []
+
+    def train_step(data):
+        if not done:
+            done.append(True)
+            with tf.init_scope():
+                if not model.built or (model.optimizer is not None and not model.optimizer.built):
+                    model._symbolic_build(data_batch=data)
+                broadcast_model(model, root_rank, check=check)
+            del model.train_step  # later fits and retraces use Keras's own step again
+        return original(data)
+
+    model.train_step = train_step
+    model.make_train_function(force=True)
+
+
 class BroadcastGlobalVariablesCallback(HvdCallback):
     """Broadcasts all model and optimizer variables from `root_rank` at the start of every `fit`.
 
     Unlike Horovod's Keras callback, which broadcasts after the first batch, this runs in `on_train_begin`,
     after building the optimizer, so the first step already starts from identical weights everywhere. It
-    runs again on each later `fit`, which also covers weights loaded on one rank only.
+    runs again on each later `fit`, which also covers weights loaded on one rank only. A model that Keras
+    builds lazily (no `Input`, subclassed) is built and broadcast when its first step is traced, still
+    before that step computes anything (see `broadcast_at_first_step`).
 
     Before broadcasting, the workers compare a digest of their variables' shapes and dtypes, so workers
     that built different models fail at once, naming the first variable that differs.
@@ -55,4 +86,7 @@ class BroadcastGlobalVariablesCallback(HvdCallback):
         self.check_models = check_models
 
     def on_train_begin(self, logs=None):
-        broadcast_model(self.model, self.root_rank, check=self.check_models)
+        if self.model.built:
+            broadcast_model(self.model, self.root_rank, check=self.check_models)
+        else:
+            broadcast_at_first_step(self.model, self.root_rank, check=self.check_models)

@@ -139,7 +139,7 @@ def install(options: Options | None = None) -> None:
 def _bind(original, replacement):
     @functools.wraps(original)
     def method(self, *args, **kwargs):
-        if getattr(self, "_hvdkeras_explicit", False) and replacement is not _compile:
+        if getattr(self, "_hvdkeras_explicit", False) and replacement not in (_compile, _fit):
             return original(self, *args, **kwargs)
         return replacement(original, self, *args, **kwargs)
 
@@ -285,6 +285,14 @@ class _StepCounter(keras.callbacks.Callback):
 def _fit(original, model, *args, **kwargs):
     opts = _opts()
     kwargs = _named(original, args, kwargs)
+    if getattr(model, "_hvdkeras_explicit", False):
+        # The script's own data, callbacks and verbosity; only the steps are counted for --report-dir.
+        counter = _StepCounter()
+        kwargs["callbacks"] = list(kwargs.get("callbacks") or []) + [counter]
+        history = original(model, **kwargs)
+        _state["fits"].append(counter.steps)
+        _report(model)
+        return history
     if not opts.no_shard:
         kwargs = _sharded_fit_inputs(kwargs)
     _check_fit_inputs(model, kwargs)

@@ -240,10 +240,42 @@ class LabHosts:
                      "burst", burst, "latency", latency)
         self.rate = rate
 
+    def unshape(self) -> None:
+        for host in self.NAMES:
+            self.run(host, "tc", "qdisc", "del", "dev", self.IFACE, "root", check=False)
+        self.rate = None
+
+    def transfer(self, nbytes: int, port: int = 29599, timeout: float = 60) -> float:
+        """Sends `nbytes` over TCP from the first host to the second; returns the seconds it took."""
+        import sys
+
+        a, b = self.NAMES
+        server = subprocess.Popen(self.ns(b, sys.executable, "-c",
+                                          "import socket,sys; s=socket.create_server((sys.argv[1], int(sys.argv[2]))); "
+                                          "c,_=s.accept(); n=0\nwhile (d:=c.recv(1<<20)): n+=len(d)\nprint(n)",
+                                          self.addr[b], str(port)), stdout=subprocess.PIPE, text=True)
+        try:
+            client = _run(*self.ns(a, sys.executable, "-c",
+                                   "import socket,sys,time\nfor _ in range(100):\n try:\n  c=socket.create_connection("
+                                   "(sys.argv[1], int(sys.argv[2]))); break\n except OSError: time.sleep(0.1)\n"
+                                   "t=time.monotonic(); c.sendall(b'x'*int(sys.argv[3])); c.shutdown(1); c.recv(1); "
+                                   "print(time.monotonic()-t)", self.addr[b], str(port), str(nbytes)), timeout=timeout)
+            received = int(server.communicate(timeout=timeout)[0].strip())
+        finally:
+            kill_tree(server.pid)
+        if received != nbytes:
+            raise RuntimeError(f"sent {nbytes} bytes between the test hosts, {received} arrived")
+        return float(client.stdout.strip())
+
     def cut(self) -> None:
         """Takes the link between the hosts down."""
         for host in self.NAMES:
             self.run(host, "ip", "link", "set", self.IFACE, "down", check=False)
+
+    def heal(self) -> None:
+        """Brings the link back up (the addresses stay; the kernel restores their routes)."""
+        for host in self.NAMES:
+            self.run(host, "ip", "link", "set", self.IFACE, "up")
 
     def processes(self) -> dict[str, list[int]]:
         """The pids running on each test host (what a test expects to be empty after a job)."""

@@ -75,6 +75,20 @@ def test_hvdkeras_run_over_ssh_forms_one_job(hosts, ssh_path, tmp_path, kind):
     assert hosts.processes() == {"hosta": [], "hostb": []}
 
 
+def test_lab_link_can_be_shaped(hosts):
+    require("tc")
+    plain = hosts.transfer(4_000_000)
+    hosts.shape("100mbit")
+    try:
+        qdisc = hosts.run(hosts.NAMES[0], "tc", "qdisc", "show", "dev", hosts.IFACE).stdout
+        assert "tbf" in qdisc and "rate 100Mbit" in qdisc, qdisc
+        shaped = hosts.transfer(4_000_000)
+    finally:
+        hosts.unshape()
+    print(f"4 MB between the test hosts: {plain * 1e3:.0f} ms unshaped, {shaped * 1e3:.0f} ms at 100mbit "
+          f"({4e6 * 8 / shaped / 1e6:.0f} Mbit/s)")
+
+
 STALL = 15
 
 
@@ -95,6 +109,7 @@ def test_cut_link_ends_both_workers_naming_the_lost_peer(hosts, tmp_path):
         ended = time.monotonic() - cut
     finally:
         running.kill()
+        hosts.heal()
     assert all(r.returncode != 0 for r in results), show(results)
     assert ended <= STALL + 30, f"the workers took {ended:.1f} s to exit after the cut\n{show(results)}"
     assert "unreachable: rank 1 on" in results[0].output and "(10." in results[0].output, show(results)

@@ -184,6 +184,7 @@ def test_a_second_job_on_a_held_port_does_not_join_the_first(tmp_path):
     # The first job was not disturbed: both its workers still sum over exactly two ranks.
     assert [r.returncode for r in first_results] == [0, 0], show(first_results)
     assert all("held job sum 2 size 2" in r.output for r in first_results), show(first_results)
+    assert not listening(port)  # the rendezvous lived only as long as its job
 
 
 def listening(port: int) -> bool:

@@ -121,6 +121,20 @@ def test_second_server_on_a_held_port_says_so():
         first.stop()
 
 
+def test_server_binds_only_the_address_the_workers_use_and_goes_away():
+    port = free_port()
+    server = R.Server("127.0.0.1", port, R.Registry("a", 2, ()), "test")
+    try:
+        assert server.httpd.server_address == ("127.0.0.1", port)  # not 0.0.0.0
+        with pytest.raises(OSError):  # another local address of this host does not reach it
+            socket.create_connection(("127.0.0.2", port), timeout=1).close()
+        socket.create_connection(("127.0.0.1", port), timeout=1).close()
+    finally:
+        server.stop()
+    with pytest.raises(OSError):
+        socket.create_connection(("127.0.0.1", port), timeout=1).close()
+
+
 def test_unresolvable_host_names_the_variable():
     with pytest.raises(R.RendezvousError, match="MASTER_ADDR gave 'no-such-host.invalid'"):
         R.resolve("no-such-host.invalid", "MASTER_ADDR")
