@@ -130,7 +130,8 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
         backward_passes_per_step: accumulate gradients locally over this many `apply` calls and communicate
             and apply them once.
         average_aggregated_gradients: divide the locally accumulated gradients by
-            `backward_passes_per_step` before they are reduced.
+            `backward_passes_per_step` before they are reduced. The default, False, is Horovod's: the k
+            passes are summed. True makes k passes one step on a k times larger batch.
         sparse_as_dense: reduce `tf.IndexedSlices` gradients (from `Embedding`) as dense tensors instead of
             allgathering them.
         gradient_predivide_factor: with `op=Average`, divide by this before the sum and by
@@ -161,7 +162,7 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
         compression: Any = _compression.Compression.none,
         op: int = C.Average,
         backward_passes_per_step: int = 1,
-        average_aggregated_gradients: bool = True,
+        average_aggregated_gradients: bool = False,
         sparse_as_dense: bool = False,
         gradient_predivide_factor: float = 1.0,
         groups: Any = None,
@@ -219,7 +220,17 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
 
     @property
     def variables(self):
-        return self._variables + self.inner_optimizer.variables
+        """The inner optimizer's variables, then (only with backward_passes_per_step > 1) the accumulators."""
+        extra = [self._pass_counter, *self._accumulators] if self._pass_counter is not None else []
+        return self.inner_optimizer.variables + extra
+
+    def save_own_variables(self, store):
+        # Only the inner optimizer's state: the file is what a plain Keras optimizer saves and loads.
+        # The accumulators are empty at every update (where checkpoints are taken) and start empty.
+        self.inner_optimizer.save_own_variables(store)
+
+    def load_own_variables(self, store):
+        self.inner_optimizer.load_own_variables(store)
 
     def scale_loss(self, loss):
         return self.inner_optimizer.scale_loss(loss)
@@ -410,6 +421,32 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
         op = config.pop("op", "Average")
         config["op"] = _OPS_BY_NAME[op] if isinstance(op, str) else op
         return cls(inner, **config)
+
+
+def plain_optimizer(optimizer: Any) -> Any:
+    """The optimizer a DistributedOptimizer wraps (what checkpoints record), or `optimizer` itself."""
+    return optimizer.inner_optimizer if isinstance(optimizer, DistributedOptimizer) else optimizer
+
+
+_keras_get_compile_config = keras.Model.get_compile_config
+
+
+def _plain_compile_config(model):
+    """Keras's compile config, with a DistributedOptimizer recorded as the optimizer it wraps.
+
+    So a model saved from a job (model.save, ModelCheckpoint) loads with plain `keras.models.load_model`
+    in a process that never imports hvdkeras: a notebook, an evaluation job, a serving export.
+    `hvdkeras.load_model` wraps it again.
+    """
+    config = _keras_get_compile_config(model)
+    compiled = getattr(model, "_compile_config", None)
+    if config and compiled is not None and isinstance(compiled.config.get("optimizer"), DistributedOptimizer):
+        config = dict(config)
+        config["optimizer"] = keras.saving.serialize_keras_object(plain_optimizer(compiled.config["optimizer"]))
+    return config
+
+
+keras.Model.get_compile_config = _plain_compile_config
 
 
 @keras.saving.register_keras_serializable(package="hvdkeras")

@@ -127,38 +127,46 @@ def atomic_model_writes(model: Any) -> Iterator[None]:
 
 def load_model(
     filepath: str | os.PathLike,
+    custom_optimizers: list | None = None,
     custom_objects: dict | None = None,
+    compression: Any = None,
+    *,
     compile: bool = True,
     safe_mode: bool = True,
     **distributed_kwargs: Any,
 ) -> keras.Model:
-    """Loads a Keras model and makes sure its optimizer is a DistributedOptimizer.
+    """Loads a Keras model and wraps its optimizer in a DistributedOptimizer, as Horovod's `load_model` does.
 
-    A model saved with a DistributedOptimizer comes back with it (and its optimizer state); a model saved
-    with a plain optimizer gets it wrapped, with `distributed_kwargs` passed to DistributedOptimizer.
+    Models saved from an hvdkeras job are plain Keras files (the optimizer they record is the one the
+    DistributedOptimizer wraps), so they also load with `keras.models.load_model` anywhere; this function
+    restores the optimizer's state and wraps it again for training on.
 
     Args:
         filepath: a `.keras` file.
+        custom_optimizers: optimizer classes of your own that the file uses (as in Horovod).
         custom_objects: as for `keras.models.load_model`.
+        compression: `hvdkeras.Compression.none` (default) or `.fp16` for the wrapped optimizer.
         compile: as for `keras.models.load_model`.
         safe_mode: as for `keras.models.load_model`.
-        **distributed_kwargs: options for wrapping a plain optimizer (compression, op, ...).
+        **distributed_kwargs: more DistributedOptimizer options (op, backward_passes_per_step, ...).
 
     Returns:
-        The model.
+        The model, its optimizer a DistributedOptimizer with the saved state (iterations, slots).
 
     Example:
         >>> model = hvdkeras.load_model("ckpt.keras")
     """
+    from hvdkeras.compression import Compression
     from hvdkeras.optimizer import DistributedLossScaleOptimizer, DistributedOptimizer
 
-    objects = {
-        "DistributedOptimizer": DistributedOptimizer,
-        "DistributedLossScaleOptimizer": DistributedLossScaleOptimizer,
-    }
+    # Files written by earlier hvdkeras versions name the wrapper itself.
+    objects = {"DistributedOptimizer": DistributedOptimizer,
+               "DistributedLossScaleOptimizer": DistributedLossScaleOptimizer}
+    objects.update({cls.__name__: cls for cls in custom_optimizers or []})
     objects.update(custom_objects or {})
     model = keras.models.load_model(filepath, custom_objects=objects, compile=compile, safe_mode=safe_mode)
     optimizer = getattr(model, "optimizer", None)
     if compile and optimizer is not None and not isinstance(optimizer, DistributedOptimizer):
-        model.optimizer = DistributedOptimizer(optimizer, **distributed_kwargs)
+        model.optimizer = DistributedOptimizer(
+            optimizer, compression=Compression.none if compression is None else compression, **distributed_kwargs)
     return model

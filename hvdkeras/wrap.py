@@ -188,6 +188,8 @@ def _compile(original, model, optimizer="rmsprop", *args, **kwargs):
             optimizer,
             compression=Compression.fp16 if opts.fp16_allreduce else Compression.none,
             backward_passes_per_step=opts.backward_passes_per_step,
+            # --backward-passes-per-step K: K batches make one step on a K times larger batch.
+            average_aggregated_gradients=True,
         )
         model._hvdkeras_warmup_lr = float(unwrap(optimizer).learning_rate) if scaled else None
     if kwargs.get("jit_compile", "auto") not in (False, None) and optimizer is not None:

@@ -159,18 +159,20 @@ def test_sparse_gradients_are_allgathered_and_averaged(monkeypatch):
     assert seam.calls[-1][0] == "grouped_allreduce"
 
 
-def test_backward_passes_accumulate_and_communicate_every_k(monkeypatch):
+@pytest.mark.parametrize("average, expected", [(False, 12.0), (True, 4.0)])
+def test_backward_passes_accumulate_and_communicate_every_k(monkeypatch, average, expected):
     seam = FakeSeam(monkeypatch)
     model = small_model()
     before = [v.numpy() for v in model.trainable_variables]
-    opt = DistributedOptimizer(keras.optimizers.SGD(0.1), backward_passes_per_step=3)
+    kwargs = {} if not average else {"average_aggregated_gradients": True}
+    opt = DistributedOptimizer(keras.optimizers.SGD(0.1), backward_passes_per_step=3, **kwargs)
     for k in range(3):
         grads = [tf.fill(v.shape, float(k + 1)) for v in model.trainable_variables]
         opt.apply(grads, model.trainable_variables)
         assert len(seam.calls) == (1 if k == 2 else 0)
-    # mean of 1,2,3 = 2, doubled by the fake second worker = 4
+    # Horovod's default sums the passes (1+2+3 = 6), averaging gives 2; the fake second worker doubles it.
     for b, v in zip(before, model.trainable_variables):
-        np.testing.assert_allclose(v.numpy(), b - 0.1 * 4.0, rtol=1e-6)
+        np.testing.assert_allclose(v.numpy(), b - 0.1 * expected, rtol=1e-6)
     assert int(opt.iterations) == 1
 
 
@@ -201,30 +203,79 @@ def test_xla_context_gives_a_clear_error(hvd):
         step()
 
 
+def test_variables_are_the_inner_optimizers(hvd):
+    """As in Keras and Horovod: no extra wrapper variables (accumulators only with k > 1)."""
+    model = small_model()
+    inner = keras.optimizers.Adam(0.01)
+    opt = DistributedOptimizer(inner)
+    opt.build(model.trainable_variables)
+    assert len(opt.variables) == len(inner.variables) == 1 + 1 + 2 * len(model.trainable_variables)
+    assert all(a is b for a, b in zip(opt.variables, inner.variables))
+    k2 = DistributedOptimizer(keras.optimizers.Adam(0.01), backward_passes_per_step=2)
+    k2.build(model.trainable_variables)
+    assert len(k2.variables) == len(k2.inner_optimizer.variables) + 1 + len(model.trainable_variables)
+
+
 @pytest.mark.parametrize("kind", ["adam", "mixed"])
-def test_save_and_load_model_restores_wrapping_and_state(hvd, tmp_path, kind):
+def test_saved_models_are_plain_keras_and_load_model_wraps_them_again(hvd, tmp_path, kind):
     import hvdkeras
 
     if kind == "mixed":
         keras.mixed_precision.set_global_policy("mixed_float16")
     try:
         model = small_model()
-        opt = hvdkeras.DistributedOptimizer(keras.optimizers.Adam(0.01), compression=hvdkeras.Compression.fp16,
-                                            backward_passes_per_step=2)
+        opt = hvdkeras.DistributedOptimizer(keras.optimizers.Adam(0.01), backward_passes_per_step=2)
         model.compile(optimizer=opt, loss="mse")
         x, y = np.ones((8, 3), "float32"), np.zeros((8, 2), "float32")
         model.fit(x, y, batch_size=4, epochs=2, verbose=0)
         path = tmp_path / "m.keras"
         model.save(path)
-        for loaded in (hvdkeras.load_model(path), keras.models.load_model(path)):
-            assert type(loaded.optimizer) is type(model.optimizer)
-            assert loaded.optimizer.compression is hvdkeras.Compression.fp16
-            assert loaded.optimizer.backward_passes_per_step == 2
-            assert int(loaded.optimizer.iterations) == int(model.optimizer.iterations) == 2
-            for a, b in zip(loaded.optimizer.variables, model.optimizer.variables):
+        plain = keras.models.load_model(path)
+        expected = keras.optimizers.LossScaleOptimizer if kind == "mixed" else keras.optimizers.Adam
+        assert type(plain.optimizer) is expected
+        loaded = hvdkeras.load_model(path, compression=hvdkeras.Compression.fp16, backward_passes_per_step=2)
+        assert isinstance(loaded.optimizer, DistributedOptimizer)
+        assert loaded.optimizer.compression is hvdkeras.Compression.fp16
+        assert loaded.optimizer.backward_passes_per_step == 2
+        for restored in (plain, loaded):
+            assert int(restored.optimizer.iterations) == int(model.optimizer.iterations) == 2
+            for a, b in zip(restored.optimizer.variables, model.optimizer.inner_optimizer.variables):
                 np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+        loaded.fit(x, y, batch_size=4, epochs=1, verbose=0)
+        # Two passes make one update; under mixed_float16 the loss scaler may skip an overflowing one.
+        assert int(loaded.optimizer.iterations) in ((2, 3) if kind == "mixed" else (3,))
     finally:
         keras.mixed_precision.set_global_policy("float32")
+
+
+def test_checkpoints_load_in_a_process_that_never_imports_hvdkeras(hvd, tmp_path):
+    import subprocess
+    import sys
+
+    import hvdkeras
+
+    model = small_model()
+    model.compile(optimizer=hvdkeras.DistributedOptimizer(keras.optimizers.Adam(0.01)), loss="mse",
+                  metrics=["mae"])
+    x, y = np.ones((8, 3), "float32"), np.zeros((8, 2), "float32")
+    model.fit(x, y, batch_size=4, epochs=2, verbose=0,
+              callbacks=[hvdkeras.callbacks.ModelCheckpoint(str(tmp_path / "ckpt-{epoch}.keras"))])
+    model.save(tmp_path / "final.keras")
+    check = (
+        "import sys, keras, numpy as np\n"
+        "for name in sys.argv[1:]:\n"
+        "    m = keras.models.load_model(name)\n"
+        "    assert type(m.optimizer) is keras.optimizers.Adam, type(m.optimizer)\n"
+        "    it = int(m.optimizer.iterations)\n"
+        "    m.fit(np.ones((8, 3), 'float32'), np.zeros((8, 2), 'float32'), batch_size=4, verbose=0)\n"
+        "    assert int(m.optimizer.iterations) == it + 2\n"
+        "    print(name.rsplit('/', 1)[-1], it)\n"
+        "assert not any(k.startswith('hvdkeras') for k in sys.modules), 'hvdkeras was imported'\n"
+    )
+    files = [str(tmp_path / n) for n in ("ckpt-1.keras", "ckpt-2.keras", "final.keras")]
+    proc = subprocess.run([sys.executable, "-c", check, *files], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.split() == ["ckpt-1.keras", "2", "ckpt-2.keras", "4", "final.keras", "4"]
 
 
 def test_load_model_wraps_a_plain_optimizer(hvd, tmp_path):

@@ -103,8 +103,8 @@ model, w, calls = distributed("sgd", x, y, groups=2)
 result["groups2_max_abs_diff"] = max_abs_diff(w, reference("sgd", x, y))
 result["groups2_calls_per_step"] = calls
 
-# backward_passes_per_step=2: two local batches per update == one step on a 2x larger global batch.
-model, w, calls = distributed("sgd", x, y, backward_passes_per_step=2)
+# backward_passes_per_step=2 with averaging: two local batches per update == one step on a 2x larger batch.
+model, w, calls = distributed("sgd", x, y, backward_passes_per_step=2, average_aggregated_gradients=True)
 result["bpps2_calls_per_step"] = calls
 result["bpps2_iterations"] = int(model.optimizer.iterations.numpy())
 result["bpps2_max_abs_diff"] = max_abs_diff(w, reference("sgd", x, y, per_worker=2 * B))
