@@ -9,6 +9,11 @@ from hvdkeras import basics
 from ._base import HvdCallback
 
 
+def _identity(variable) -> int:
+    inner = getattr(variable, "value", None)
+    return id(inner) if isinstance(inner, tf.Variable) else id(variable)
+
+
 def model_and_optimizer_variables(model) -> list:
     """Every model and optimizer variable, building the optimizer first if Keras has not yet."""
     optimizer = getattr(model, "optimizer", None)
@@ -22,13 +27,18 @@ def model_and_optimizer_variables(model) -> list:
     return variables
 
 
-def broadcast_model(model, root_rank: int = 0, check: bool | None = None) -> None:
+def broadcast_model(model, root_rank: int = 0, check: bool | None = None, local_variables=None,
+                    device: str = "") -> None:
     """Sets all model and optimizer variables on every worker to root_rank's values (after checking that
-    every worker built the same model, unless `check` is False)."""
-    basics.broadcast_variables(model_and_optimizer_variables(model), root_rank=root_rank, check=check)
+    every worker built the same model, unless `check` is False), except `local_variables`."""
+    local = {_identity(v) for v in local_variables or []}
+    variables = [v for v in model_and_optimizer_variables(model) if _identity(v) not in local]
+    with tf.device(device):
+        basics.broadcast_variables(variables, root_rank=root_rank, check=check)
 
 
-def broadcast_at_first_step(model, root_rank: int = 0, check: bool | None = None) -> None:
+def broadcast_at_first_step(model, root_rank: int = 0, check: bool | None = None, local_variables=None,
+                            device: str = "") -> None:
     """Broadcasts a model that Keras has not built yet, before its first forward pass.
 
     Keras builds a model without an `Input` (a Sequential of layers, a subclassed model) only when its
@@ -47,7 +57,7 @@ def broadcast_at_first_step(model, root_rank: int = 0, check: bool | None = None
             with tf.init_scope():
                 if not model.built or (model.optimizer is not None and not model.optimizer.built):
                     model._symbolic_build(data_batch=data)
-                broadcast_model(model, root_rank, check=check)
+                broadcast_model(model, root_rank, check=check, local_variables=local_variables, device=device)
             del model.train_step  # later fits and retraces use Keras's own step again
         return original(data)
 
@@ -69,6 +79,9 @@ class BroadcastGlobalVariablesCallback(HvdCallback):
 
     Args:
         root_rank: the rank whose variables everyone takes.
+        device: the device for the broadcasts ("" lets TensorFlow choose), as in Horovod.
+        local_variables: variables that stay as each worker has them (Horovod's local variables, see
+            `DistributedOptimizer.register_local_var`).
         check_models: compare the workers' models first (default: True unless HVDKERAS_CHECK_MODELS=0).
 
     Raises:
@@ -78,15 +91,16 @@ class BroadcastGlobalVariablesCallback(HvdCallback):
         >>> model.fit(ds, callbacks=[hvdkeras.callbacks.BroadcastGlobalVariablesCallback(0)])
     """
 
-    def __init__(self, root_rank: int = 0, check_models: bool | None = None):
+    def __init__(self, root_rank: int = 0, device: str = "", local_variables=None, check_models: bool | None = None):
         super().__init__()
         if isinstance(root_rank, bool) or not isinstance(root_rank, int) or root_rank < 0:
             raise ValueError(f"`root_rank` must be an integer >= 0. Received: root_rank={root_rank!r}")
         self.root_rank = root_rank
+        self.device = device
+        self.local_variables = list(local_variables or [])
         self.check_models = check_models
 
     def on_train_begin(self, logs=None):
-        if self.model.built:
-            broadcast_model(self.model, self.root_rank, check=self.check_models)
-        else:
-            broadcast_at_first_step(self.model, self.root_rank, check=self.check_models)
+        broadcast = broadcast_model if self.model.built else broadcast_at_first_step
+        broadcast(self.model, self.root_rank, check=self.check_models, local_variables=self.local_variables,
+                  device=self.device)

@@ -132,6 +132,7 @@ class LearningRateWarmupCallback(LearningRateScheduleCallback):
     Args:
         initial_lr: the target (scaled) learning rate, e.g. `scale_learning_rate(0.01)`.
         warmup_epochs: number of warm-up epochs (0 turns warm-up off).
+        momentum_correction: scale SGD's momentum with each change of the rate (as in Horovod).
         steps_per_epoch: batches per epoch; defaults to what `fit` knows (per-epoch steps otherwise).
         verbose: 1 prints a line on rank 0 when warm-up ends.
 
@@ -142,7 +143,8 @@ class LearningRateWarmupCallback(LearningRateScheduleCallback):
         >>> LearningRateWarmupCallback(hvd.scale_learning_rate(0.01), warmup_epochs=3)
     """
 
-    def __init__(self, initial_lr: float, warmup_epochs: int = 5, steps_per_epoch: int | None = None, verbose: int = 0):
+    def __init__(self, initial_lr: float, warmup_epochs: int = 5, momentum_correction: bool = True,
+                 steps_per_epoch: int | None = None, verbose: int = 0):
         _check_epoch("warmup_epochs", warmup_epochs)
         self.warmup_epochs = warmup_epochs
         self.verbose = verbose
@@ -157,7 +159,7 @@ class LearningRateWarmupCallback(LearningRateScheduleCallback):
             start_epoch=0,
             end_epoch=warmup_epochs if warmup_epochs > 0 else 1,
             staircase=False,
-            momentum_correction=True,
+            momentum_correction=momentum_correction,
             steps_per_epoch=steps_per_epoch,
         )
 

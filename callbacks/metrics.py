@@ -22,7 +22,7 @@ def _metric_variables(metrics) -> list:
     return out
 
 
-def global_metrics_result(model, local_result):
+def global_metrics_result(model, local_result, device: str = ""):
     """The model's metric results computed from the states of all workers together.
 
     Every state with `aggregation="sum"` (totals, counts, confusion counts: what Keras metrics keep) is
@@ -38,7 +38,8 @@ def global_metrics_result(model, local_result):
         groups.setdefault((_OPS[var.aggregation], var.dtype), []).append(i)
     ordered = sorted(groups.items(), key=lambda kv: (kv[0][0], str(kv[0][1])))
     for k, ((op, _), indices) in enumerate(ordered):
-        reduced = C.grouped_allreduce([local[i] for i in indices], op=op, name=f"hvdkeras.metrics.{k}")
+        with tf.device(device):
+            reduced = C.grouped_allreduce([local[i] for i in indices], op=op, name=f"hvdkeras.metrics.{k}")
         for i, value in zip(indices, reduced):
             variables[i].assign(value)
     try:
@@ -61,12 +62,16 @@ class MetricAverageCallback(HvdCallback):
 
     The per-batch values in the progress bar stay local.
 
+    Args:
+        device: the device for the reductions ("" lets TensorFlow choose), as in Horovod.
+
     Example:
         >>> model.fit(ds, validation_data=val, callbacks=[hvdkeras.callbacks.MetricAverageCallback()])
     """
 
-    def __init__(self):
+    def __init__(self, device: str = ""):
         super().__init__()
+        self.device = device
         self._depth = 0
         self._original = None
 
@@ -85,7 +90,7 @@ class MetricAverageCallback(HvdCallback):
             # the step graph. Only the eager end-of-epoch / end-of-evaluation reads are global.
             if not tf.executing_eagerly():
                 return original()
-            return global_metrics_result(model, original)
+            return global_metrics_result(model, original, self.device)
 
         get_metrics_result._hvdkeras_local = original
         self._original = original

@@ -16,6 +16,11 @@ Sum = _hvd.Sum
 Min = _hvd.Min
 REDUCE_OPS = {Average: "Average", Sum: "Sum"}
 
+# Horovod's own process sets: a ProcessSet([ranks]) registered at init (or later with
+# HOROVOD_DYNAMIC_PROCESS_SETS=1) scopes every collective below to those ranks.
+ProcessSet = _hvd.ProcessSet
+global_process_set = _hvd.global_process_set
+
 _call_counter: tf.Variable | None = None
 
 
@@ -27,8 +32,18 @@ def _require_init() -> None:
         )
 
 
-def init() -> None:
-    _hvd.init()
+def init(comm: Any = None, process_sets: Any = None) -> None:
+    _hvd.init(comm=comm, process_sets=process_sets)
+
+
+def add_process_set(process_set: Any) -> Any:
+    _require_init()
+    return _hvd.add_process_set(process_set)
+
+
+def remove_process_set(process_set: Any) -> bool:
+    _require_init()
+    return _hvd.remove_process_set(process_set)
 
 
 def shutdown() -> None:
@@ -69,10 +84,10 @@ def cross_size() -> int:
     return _hvd.cross_size()
 
 
-def size_tensor() -> tf.Tensor:
-    """The world size as a tensor read when the graph runs (it changes in elastic jobs), not when traced."""
+def size_tensor(process_set: Any = global_process_set) -> tf.Tensor:
+    """The world (or process set) size as a tensor read when the graph runs (it changes in elastic jobs)."""
     _require_init()
-    return _hvd.size_op()
+    return _hvd.size_op(process_set_id=process_set.process_set_id)
 
 
 def _counter() -> tf.Variable:
@@ -99,6 +114,7 @@ def grouped_allreduce(
     prescale_factor: float = 1.0,
     postscale_factor: float = 1.0,
     name: str | None = None,
+    process_set: Any = global_process_set,
 ) -> list[tf.Tensor]:
     """One fused allreduce of same-dtype tensors.
 
@@ -116,6 +132,7 @@ def grouped_allreduce(
             postscale_factor=postscale_factor,
             name=name,
             ignore_name_scope=name is not None,
+            process_set=process_set,
         )
     )
 
@@ -126,6 +143,7 @@ def allreduce(
     prescale_factor: float = 1.0,
     postscale_factor: float = 1.0,
     name: str | None = None,
+    process_set: Any = global_process_set,
 ) -> tf.Tensor:
     _require_init()
     _count()
@@ -136,18 +154,27 @@ def allreduce(
         postscale_factor=postscale_factor,
         name=name,
         ignore_name_scope=name is not None,
+        process_set=process_set,
     )
 
 
-def allgather(tensor: tf.Tensor, name: str | None = None) -> tf.Tensor:
+def reducescatter(tensor: tf.Tensor, op: int = Average, name: str | None = None,
+                  process_set: Any = global_process_set) -> tf.Tensor:
     _require_init()
     _count()
-    return _hvd.allgather(tensor, name=name, ignore_name_scope=name is not None)
+    return _hvd.reducescatter(tensor, op=op, name=name, ignore_name_scope=name is not None, process_set=process_set)
 
 
-def broadcast(tensor: tf.Tensor, root_rank: int, name: str | None = None) -> tf.Tensor:
+def allgather(tensor: tf.Tensor, name: str | None = None, process_set: Any = global_process_set) -> tf.Tensor:
     _require_init()
-    return _hvd.broadcast(tensor, root_rank, name=name, ignore_name_scope=name is not None)
+    _count()
+    return _hvd.allgather(tensor, name=name, ignore_name_scope=name is not None, process_set=process_set)
+
+
+def broadcast(tensor: tf.Tensor, root_rank: int, name: str | None = None,
+              process_set: Any = global_process_set) -> tf.Tensor:
+    _require_init()
+    return _hvd.broadcast(tensor, root_rank, name=name, ignore_name_scope=name is not None, process_set=process_set)
 
 
 def broadcast_variables(variables: Sequence[tf.Variable], root_rank: int) -> None:
@@ -213,13 +240,26 @@ def reinit() -> None:
 
 
 def build_info() -> dict[str, bool]:
-    """Which controllers and tensor operations this Horovod build has."""
-    return {
-        "gloo": bool(_hvd.gloo_built()),
-        "mpi": bool(_hvd.mpi_built()),
-        "nccl": bool(_hvd.nccl_built()),
-        "cuda": bool(_hvd.cuda_built()),
-    }
+    """What this Horovod build has: controllers (gloo, mpi), tensor operations and GPU support."""
+    return {name: bool(getattr(_hvd, f"{name}_built")()) for name in ("gloo", "mpi", "nccl", "ddl", "ccl", "cuda",
+                                                                         "rocm")}
+
+
+def enabled_info() -> dict[str, bool]:
+    """Which controller this job runs on, and whether MPI was initialized with thread support."""
+    _require_init()
+    return {"gloo": bool(_hvd.gloo_enabled()), "mpi": bool(_hvd.mpi_enabled()),
+            "mpi_threads": bool(_hvd.mpi_threads_supported()) if _hvd.mpi_enabled() else False}
+
+
+def start_timeline(file_path: str, mark_cycles: bool = False) -> None:
+    _require_init()
+    _hvd.start_timeline(file_path, mark_cycles=mark_cycles)
+
+
+def stop_timeline() -> None:
+    _require_init()
+    _hvd.stop_timeline()
 
 
 def version() -> str:

@@ -44,7 +44,15 @@ def pin_gpu(local_rank: int, config: Any = None) -> Any:
     return gpu
 
 
-def init(pin_gpus: bool = True) -> None:
+ProcessSet = C.ProcessSet
+global_process_set = C.global_process_set
+add_process_set = C.add_process_set
+remove_process_set = C.remove_process_set
+start_timeline = C.start_timeline
+stop_timeline = C.stop_timeline
+
+
+def init(comm: Any = None, process_sets: Any = None, pin_gpus: bool = True) -> None:
     """Initializes Horovod for this worker and pins it to one GPU by local rank.
 
     Where horovodrun did not set Horovod up, the job is formed from the launcher's environment (Slurm's
@@ -53,6 +61,8 @@ def init(pin_gpus: bool = True) -> None:
     started N > 1 processes never yields N jobs of size 1: `init` raises instead.
 
     Args:
+        comm: an mpi4py communicator or list of ranks, for an MPI build of Horovod (as in Horovod).
+        process_sets: `hvdkeras.ProcessSet`s to register, or "dynamic" (as in Horovod).
         pin_gpus: make only the GPU `local_rank() % num_gpus` visible to TensorFlow (when GPUs exist).
 
     Raises:
@@ -70,9 +80,9 @@ def init(pin_gpus: bool = True) -> None:
         # An MPI build of Horovod forms an mpirun job by itself; everything else goes through our rendezvous.
         if launch is not None and not (launch.mpi and C.build_info()["mpi"]):
             with rendezvous.init_watchdog(rendezvous.form(launch)):
-                C.init()
+                C.init(comm=comm, process_sets=process_sets)
         else:
-            C.init()
+            C.init(comm=comm, process_sets=process_sets)
     if launch is not None and C.size() != launch.size:
         raise rendezvous.RendezvousError(
             f"{launch.launcher} started {launch.size} processes ({', '.join(launch.variables)}), but Horovod "
@@ -119,23 +129,36 @@ def _to_tensor(value: Any) -> tf.Tensor:
     return tf.convert_to_tensor(value)
 
 
+def _op_from(average: Any, op: Any) -> int:
+    """Horovod's rule: `average` (deprecated) and `op` exclude each other; neither means Average."""
+    if average is not None and op is not None:
+        raise ValueError(f"Pass `op` or the deprecated `average`, not both. Received: average={average!r}, op={op!r}")
+    if average is not None:
+        return C.Average if average else C.Sum
+    return C.Average if op is None else check_op(op)
+
+
 def allreduce(
-    tensor: Any,
-    op: int = Average,
-    compression: Any = _compression.Compression.none,
+    value: Any,
+    name: str | None = None,
+    average: bool | None = None,
     prescale_factor: float = 1.0,
     postscale_factor: float = 1.0,
-    name: str | None = None,
+    op: int | None = None,
+    compression: Any = _compression.Compression.none,
+    process_set: Any = C.global_process_set,
 ) -> tf.Tensor:
-    """Averages (or sums) a tensor across all workers.
+    """Averages (or sums) a tensor across all workers (Horovod's `hvd.allreduce`, same parameters).
 
     Args:
-        tensor: a tensor, array, number or Keras variable (same shape and dtype on every worker).
-        op: `hvdkeras.Average` (default) or `hvdkeras.Sum`.
-        compression: `hvdkeras.Compression.none` or `.fp16`.
+        value: a tensor, array, number or Keras variable (same shape and dtype on every worker).
+        name: optional name of the collective (must match across workers if given).
+        average: deprecated, as in Horovod: True is op=Average, False op=Sum.
         prescale_factor: multiply by this before the reduction.
         postscale_factor: multiply by this after the reduction.
-        name: optional name of the collective (must match across workers if given).
+        op: `hvdkeras.Average` (the default) or `hvdkeras.Sum`.
+        compression: `hvdkeras.Compression.none` or `.fp16`.
+        process_set: reduce among the ranks of this `hvdkeras.ProcessSet` only (default: all).
 
     Returns:
         A tensor with the reduced value, the same on every worker.
@@ -144,25 +167,73 @@ def allreduce(
         >>> hvd.allreduce([0.2, -0.1, 0.5])  # with [0.4, 0.0, 0.3] on the other worker
         <tf.Tensor: [0.3, -0.05, 0.4]>
     """
-    check_op(op)
+    op = _op_from(average, op)
     compressor = _compression.get(compression)
-    t = _to_tensor(tensor)
+    t = _to_tensor(value)
     sent, ctx = compressor.compress(t)
-    out = C.allreduce(
-        sent, op=op, prescale_factor=prescale_factor, postscale_factor=postscale_factor, name=name
-    )
+    out = C.allreduce(sent, op=op, prescale_factor=prescale_factor, postscale_factor=postscale_factor, name=name,
+                      process_set=process_set)
     return compressor.decompress(out, ctx)
 
 
-def allgather(tensor: Any, name: str | None = None) -> tf.Tensor:
+def reducescatter(value: Any, name: str | None = None, op: int = Average,
+                  process_set: Any = C.global_process_set) -> tf.Tensor:
+    """Reduces a tensor across workers and gives each its slice of the first axis (Horovod's reducescatter)."""
+    return C.reducescatter(_to_tensor(value), op=check_op(op), name=name, process_set=process_set)
+
+
+def allgather(value: Any, name: str | None = None, process_set: Any = C.global_process_set) -> tf.Tensor:
     """Concatenates every worker's tensor along the first axis (first dimensions may differ)."""
-    return C.allgather(_to_tensor(tensor), name=name)
+    return C.allgather(_to_tensor(value), name=name, process_set=process_set)
 
 
-def broadcast(tensor: Any, root_rank: int = 0, name: str | None = None) -> tf.Tensor:
-    """Returns root_rank's value of `tensor` on every worker."""
+def broadcast(value: Any, root_rank: int = 0, name: str | None = None,
+              process_set: Any = C.global_process_set) -> tf.Tensor:
+    """Returns root_rank's value of `value` on every worker."""
     _check_root_rank(root_rank)
-    return C.broadcast(_to_tensor(tensor), root_rank, name=name)
+    return C.broadcast(_to_tensor(value), root_rank, name=name, process_set=process_set)
+
+
+def broadcast_global_variables(root_rank: int) -> None:
+    """Horovod's TF1 call: TensorFlow 2 has no global variables, and Horovod raises here too.
+
+    Raises:
+        RuntimeError: always, naming what to use instead.
+    """
+    raise RuntimeError(
+        "broadcast_global_variables() needs TensorFlow 1's global variable collection, which TensorFlow 2 and "
+        "Keras 3 do not have (Horovod raises in eager mode as well). Use "
+        "hvdkeras.callbacks.BroadcastGlobalVariablesCallback(root_rank) in fit, or "
+        f"hvdkeras.broadcast_variables(model.variables, root_rank={root_rank!r}) in a custom loop."
+    )
+
+
+def _built(name: str):
+    def built() -> bool:
+        return C.build_info()[name]
+
+    built.__name__ = f"{name}_built"
+    built.__doc__ = f"Whether this Horovod build has {name.upper()} support."
+    return built
+
+
+gloo_built, mpi_built, nccl_built, ddl_built, ccl_built, cuda_built, rocm_built = (
+    _built(n) for n in ("gloo", "mpi", "nccl", "ddl", "ccl", "cuda", "rocm"))
+
+
+def gloo_enabled() -> bool:
+    """Whether this job runs on Gloo."""
+    return C.enabled_info()["gloo"]
+
+
+def mpi_enabled() -> bool:
+    """Whether this job runs on MPI."""
+    return C.enabled_info()["mpi"]
+
+
+def mpi_threads_supported() -> bool:
+    """Whether MPI was initialized with multi-threading support (False when the job does not run on MPI)."""
+    return C.enabled_info()["mpi_threads"]
 
 
 def _check_root_rank(root_rank: Any) -> None:

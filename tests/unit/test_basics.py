@@ -1,5 +1,6 @@
 """init's GPU pinning (with a faked device list), validation of collective arguments."""
 
+import numpy as np
 import pytest
 
 from hvdkeras import basics
@@ -50,10 +51,49 @@ def test_pin_gpu_after_runtime_init_warns(caplog):
     assert "could not pin GPU" in caplog.text
 
 
-@pytest.mark.parametrize("op", [3, "average", None, True])
+@pytest.mark.parametrize("op", [3, "average", True])
 def test_bad_op(hvd, op):
     with pytest.raises(ValueError, match="Received: op="):
         hvd.allreduce([1.0], op=op)
+
+
+def test_op_and_deprecated_average_follow_horovod(hvd):
+    from hvdkeras.basics import _op_from
+
+    assert _op_from(None, None) == hvd.Average and _op_from(True, None) == hvd.Average
+    assert _op_from(False, None) == hvd.Sum and _op_from(None, hvd.Sum) == hvd.Sum
+    with pytest.raises(ValueError, match="not both. Received: average=True, op=1"):
+        hvd.allreduce([1.0], average=True, op=hvd.Sum)
+    np.testing.assert_allclose(hvd.allreduce([2.0], None, False).numpy(), [2.0])  # Horovod's positional order
+
+
+def test_build_queries_report_this_build(hvd):
+    assert hvd.gloo_built() is True and hvd.mpi_built() is False  # built with Gloo only (install_horovod.sh)
+    assert hvd.nccl_built() is False and hvd.cuda_built() is False and hvd.rocm_built() is False
+    assert hvd.gloo_enabled() is True and hvd.mpi_enabled() is False and hvd.mpi_threads_supported() is False
+
+
+def test_broadcast_global_variables_says_what_to_use(hvd):
+    with pytest.raises(RuntimeError, match="BroadcastGlobalVariablesCallback"):
+        hvd.broadcast_global_variables(0)
+
+
+def test_timeline_writes_horovods_timeline_file(hvd, tmp_path):
+    """As in Horovod, start_timeline needs HOROVOD_TIMELINE=DYNAMIC when Horovod starts (this process has not)."""
+    import os
+    import subprocess
+    import sys
+
+    with pytest.raises(ValueError, match="HOROVOD_TIMELINE=DYNAMIC"):
+        hvd.start_timeline(str(tmp_path / "no.json"))
+    path = tmp_path / "timeline.json"
+    code = ("import sys, hvdkeras as hvd; hvd.init(); hvd.start_timeline(sys.argv[1]); "
+            "hvd.allreduce([1.0, 2.0], name='timeline.probe'); hvd.stop_timeline()")
+    proc = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True, text=True, timeout=120,
+                          env=dict(os.environ, HOROVOD_TIMELINE="DYNAMIC"))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    text = path.read_text()
+    assert text.lstrip().startswith("[") and "HorovodAllreduce" in text and "GLOO_ALLREDUCE" in text
 
 
 def test_bad_compression(hvd):
