@@ -9,11 +9,14 @@ Example:
     ... ]
 """
 
+from hvdkeras._compat import is_version_greater_equal_than
+
 from .broadcast import BroadcastGlobalVariablesCallback
 from .learning_rate import LearningRateScheduleCallback, LearningRateWarmupCallback
 from .metrics import MetricAverageCallback
 from .rank_zero import (
     BackupAndRestore,
+    BestModelCheckpoint,
     CSVLogger,
     ModelCheckpoint,
     RankZeroOnly,
@@ -23,6 +26,7 @@ from .rank_zero import (
 
 __all__ = [
     "BackupAndRestore",
+    "BestModelCheckpoint",
     "BroadcastGlobalVariablesCallback",
     "CSVLogger",
     "LearningRateScheduleCallback",
@@ -31,5 +35,6 @@ __all__ = [
     "ModelCheckpoint",
     "RankZeroOnly",
     "TensorBoard",
+    "is_version_greater_equal_than",
     "rank_zero_only",
 ]

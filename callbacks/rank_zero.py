@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+from typing import Any
 
 import keras
 
@@ -106,6 +107,33 @@ class ModelCheckpoint(_RankZeroHooks, keras.callbacks.ModelCheckpoint):
     def _save_model(self, epoch, batch, logs):
         with saving.atomic_model_writes(self.model):
             return super()._save_model(epoch, batch, logs)
+
+
+class BestModelCheckpoint(ModelCheckpoint):
+    """Horovod's BestModelCheckpoint: keeps only the best model so far (`save_best_only=True`), on rank 0.
+
+    Horovod's estimators set `filepath` after creating it; here give it as the last argument or set the
+    attribute before `fit`.
+
+    Raises:
+        ValueError: `fit` starts while `filepath` is still None.
+
+    Example:
+        >>> BestModelCheckpoint(monitor="val_loss", filepath="best.keras")
+    """
+
+    def __init__(self, monitor: str = "val_loss", verbose: int = 0, save_weights_only: bool = False,
+                 mode: str = "auto", save_freq: Any = "epoch", filepath: str | None = None):
+        placeholder = "best.weights.h5" if save_weights_only else "best.keras"
+        super().__init__(filepath or placeholder, monitor=monitor, verbose=verbose, save_best_only=True,
+                         save_weights_only=save_weights_only, mode=mode, save_freq=save_freq)
+        self.filepath = None if filepath is None else self.filepath
+
+    def on_train_begin(self, logs=None):
+        if self.filepath is None:
+            raise ValueError("BestModelCheckpoint needs a file to write: pass filepath= or set .filepath before "
+                             "fit. Received: filepath=None")
+        super().on_train_begin(logs)
 
 
 class TensorBoard(_RankZeroHooks, keras.callbacks.TensorBoard):

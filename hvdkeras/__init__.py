@@ -21,6 +21,7 @@ from hvdkeras._compat import check_installed as _check_installed
 _check_installed()
 
 from hvdkeras import callbacks, data, elastic  # noqa: E402
+from hvdkeras._compat import is_version_greater_equal_than  # noqa: E402
 from hvdkeras.basics import (  # noqa: E402
     Average,
     ProcessSet,
@@ -60,7 +61,11 @@ from hvdkeras.basics import (  # noqa: E402
 )
 from hvdkeras.compression import Compression  # noqa: E402
 from hvdkeras.learning_rate import scale_learning_rate  # noqa: E402
-from hvdkeras.optimizer import DistributedLossScaleOptimizer, DistributedOptimizer  # noqa: E402
+from hvdkeras.optimizer import (  # noqa: E402
+    DistributedLossScaleOptimizer,
+    DistributedOptimizer,
+    PartialDistributedOptimizer,
+)
 from hvdkeras.saving import load_model  # noqa: E402
 
 __all__ = [
@@ -68,6 +73,7 @@ __all__ = [
     "Compression",
     "DistributedLossScaleOptimizer",
     "DistributedOptimizer",
+    "PartialDistributedOptimizer",
     "ProcessSet",
     "Sum",
     "add_process_set",
@@ -91,6 +97,7 @@ __all__ = [
     "gloo_enabled",
     "init",
     "is_initialized",
+    "is_version_greater_equal_than",
     "load_model",
     "local_rank",
     "local_size",

@@ -51,3 +51,18 @@ def check_installed() -> None:
     import tensorflow as tf
 
     check_versions(tf.__version__, keras.__version__, keras.backend.backend())
+
+
+def is_version_greater_equal_than(ver: str, target: str) -> bool:
+    """Horovod's helper: whether version `ver` >= `target` ("major.minor.patch").
+
+    Raises:
+        ValueError: a non-string argument, or a target not of the form major.minor.patch.
+    """
+    from packaging import version
+
+    if not isinstance(ver, str) or not isinstance(target, str):
+        raise ValueError(f"Both versions must be strings. Received: ver={ver!r}, target={target!r}")
+    if len(target.split(".")) != 3:
+        raise ValueError(f"The target must be major.minor.patch. Received: target={target!r}")
+    return version.parse(ver) >= version.parse(target)

@@ -140,6 +140,14 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
             about equal numbers of gradients), or a list of lists of variables (one fused allreduce per
             list; variables in no list are reduced one by one).
         name: the optimizer's name; defaults to "distributed_<inner name>".
+        device_dense: device for the dense reductions ("" lets TensorFlow choose).
+        device_sparse: device for the sparse (allgather) reductions.
+        num_groups: deprecated form of `groups=n` (as in Horovod).
+        process_set: reduce among the ranks of this `hvdkeras.ProcessSet` only (default: all workers).
+        scale_local_gradients: divide the gradients of local variables (`register_local_var`,
+            `PartialDistributedOptimizer`) by the number of workers, as Horovod does.
+
+    The parameters are Horovod's, in Horovod's order and with its defaults.
 
     Raises:
         TypeError: `optimizer` is not a Keras 3 optimizer instance.
@@ -158,15 +166,19 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
     def __init__(
         self,
         optimizer: keras.optimizers.Optimizer,
-        *,
+        name: str | None = None,
+        device_dense: str = "",
+        device_sparse: str = "",
         compression: Any = _compression.Compression.none,
+        sparse_as_dense: bool = False,
+        gradient_predivide_factor: float = 1.0,
         op: int = C.Average,
         backward_passes_per_step: int = 1,
         average_aggregated_gradients: bool = False,
-        sparse_as_dense: bool = False,
-        gradient_predivide_factor: float = 1.0,
+        num_groups: int = 0,
         groups: Any = None,
-        name: str | None = None,
+        process_set: Any = C.global_process_set,
+        scale_local_gradients: bool = True,
     ):
         _check_inner(optimizer)
         _check_learning_rate(optimizer)
@@ -184,7 +196,14 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
                 "`gradient_predivide_factor` other than 1.0 requires op=hvdkeras.Average. "
                 f"Received: op={_OP_NAMES[op]}, gradient_predivide_factor={gradient_predivide_factor}"
             )
-        groups = _check_groups(groups)
+        if isinstance(num_groups, bool) or not isinstance(num_groups, int) or num_groups < 0:
+            raise ValueError(f"`num_groups` must be an integer >= 0. Received: num_groups={num_groups!r}")
+        if num_groups and groups is not None:
+            raise ValueError(f"Pass `groups` or the deprecated `num_groups`, not both. Received: num_groups="
+                             f"{num_groups}, groups={groups!r}")
+        groups = _check_groups(num_groups or groups)
+        if not isinstance(process_set, C.ProcessSet):
+            raise TypeError(f"`process_set` must be an hvdkeras.ProcessSet. Received: process_set={process_set!r}")
         if isinstance(self, LossScaleOptimizer) and not isinstance(optimizer, LossScaleOptimizer):
             log.info("hvdkeras: mixed_float16 policy: wrapping %s in a LossScaleOptimizer", optimizer.name)
             optimizer = LossScaleOptimizer(optimizer)
@@ -201,9 +220,28 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
         self.average_aggregated_gradients = bool(average_aggregated_gradients)
         self.sparse_as_dense = bool(sparse_as_dense)
         self.gradient_predivide_factor = float(gradient_predivide_factor)
+        self.device_dense = device_dense
+        self.device_sparse = device_sparse
+        self.process_set = process_set
+        self.scale_local_gradients = bool(scale_local_gradients)
         self._groups = groups
+        self._local_vars: list = []
+        self._local_layers: list = []
         self._accumulators: list = []
         self._pass_counter = None
+
+    def register_local_var(self, var: Any) -> None:
+        """Keeps `var` local to each worker, as Horovod's `register_local_var`: its gradient is not reduced
+        (and is divided by the number of workers when `scale_local_gradients`)."""
+        if not isinstance(var, (keras.Variable, tf.Variable)):
+            raise TypeError(f"`var` must be a keras.Variable or tf.Variable. Received: var={var!r}")
+        self._local_vars.append(var)
+
+    def _local_ids(self) -> set[int]:
+        # Layers given to PartialDistributedOptimizer may be built after it was created (Keras 3 builds
+        # models lazily): their variables are looked up when gradients are reduced.
+        variables = self._local_vars + [v for layer in self._local_layers for v in layer.trainable_weights]
+        return {_var_id(v) for v in variables}
 
     # ----------------------------------------------------------------- state delegated to the inner optimizer
     @property
@@ -324,8 +362,13 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
         """All-reduces a list of gradients (None entries pass through) and returns the reduced list."""
         out = list(grads)
         dense, sparse = [], []
+        local = self._local_ids() if (self._local_vars or self._local_layers) else set()
         for i, g in enumerate(out):
             if g is None:
+                continue
+            if local and _var_id(variables[i]) in local:
+                if self.scale_local_gradients:
+                    out[i] = self._scale_local(g)
                 continue
             if isinstance(g, tf.IndexedSlices):
                 if self.sparse_as_dense:
@@ -375,6 +418,12 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
             split.extend(by_dtype.values())
         return [g for g in split if g]
 
+    def _scale_local(self, grad):
+        size = tf.cast(C.size_tensor(self.process_set), grad.dtype)
+        if isinstance(grad, tf.IndexedSlices):
+            return tf.IndexedSlices(grad.values / size, grad.indices, dense_shape=grad.dense_shape)
+        return grad / size
+
     def _scale_factors(self) -> tuple[float, float]:
         if self.op == C.Average:
             return 1.0 / self.gradient_predivide_factor, self.gradient_predivide_factor
@@ -387,15 +436,18 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
             sent.append(t)
             ctxs.append(ctx)
         pre, post = self._scale_factors()
-        reduced = C.grouped_allreduce(sent, op=self.op, prescale_factor=pre, postscale_factor=post, name=name)
+        with tf.device(self.device_dense):
+            reduced = C.grouped_allreduce(sent, op=self.op, prescale_factor=pre, postscale_factor=post, name=name,
+                                          process_set=self.process_set)
         for i, t, ctx in zip(indices, reduced, ctxs):
             out[i] = self.compression.decompress(t, ctx)
 
     def _reduce_sparse(self, grad: tf.IndexedSlices, name: str) -> tf.IndexedSlices:
-        values = C.allgather(grad.values, name=f"{name}.values")
-        indices = C.allgather(grad.indices, name=f"{name}.indices")
+        with tf.device(self.device_sparse):
+            values = C.allgather(grad.values, name=f"{name}.values", process_set=self.process_set)
+            indices = C.allgather(grad.indices, name=f"{name}.indices", process_set=self.process_set)
         if self.op == C.Average:
-            values = values / tf.cast(C.size_tensor(), values.dtype)
+            values = values / tf.cast(C.size_tensor(self.process_set), values.dtype)
         return tf.IndexedSlices(values, indices, dense_shape=grad.dense_shape)
 
     # ------------------------------------------------------------------------------------- serialization
@@ -421,6 +473,50 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
         op = config.pop("op", "Average")
         config["op"] = _OPS_BY_NAME[op] if isinstance(op, str) else op
         return cls(inner, **config)
+
+
+def PartialDistributedOptimizer(  # noqa: N802 - Horovod's name for this factory
+    optimizer: keras.optimizers.Optimizer,
+    name: str | None = None,
+    device_dense: str = "",
+    device_sparse: str = "",
+    compression: Any = _compression.Compression.none,
+    sparse_as_dense: bool = False,
+    gradient_predivide_factor: float = 1.0,
+    op: int = C.Average,
+    groups: Any = None,
+    process_set: Any = C.global_process_set,
+    local_layers: Any = None,
+    scale_local_gradients: bool = True,
+) -> DistributedOptimizer:
+    """A DistributedOptimizer whose `local_layers` keep their own weights on each worker (Horovod's).
+
+    The gradients of the local layers' trainable weights are not reduced; everything else is averaged as
+    usual. Pass the same variables to `BroadcastGlobalVariablesCallback(local_variables=...)` so the
+    broadcast leaves them too.
+
+    Args:
+        local_layers: a keras.layers.Layer or a list of them (None: same as DistributedOptimizer).
+        The others: as for `DistributedOptimizer`.
+
+    Raises:
+        ValueError: `local_layers` holds something other than Keras layers.
+
+    Example:
+        >>> opt = hvdkeras.PartialDistributedOptimizer(keras.optimizers.SGD(0.1), local_layers=[model.layers[-1]])
+    """
+    if local_layers is None:
+        local_layers = []
+    elif isinstance(local_layers, keras.layers.Layer):
+        local_layers = [local_layers]
+    if not all(isinstance(layer, keras.layers.Layer) for layer in local_layers):
+        raise ValueError(f"`local_layers` must be Keras layers. Received: local_layers={local_layers!r}")
+    opt = DistributedOptimizer(optimizer, name=name, device_dense=device_dense, device_sparse=device_sparse,
+                               compression=compression, sparse_as_dense=sparse_as_dense,
+                               gradient_predivide_factor=gradient_predivide_factor, op=op, groups=groups,
+                               process_set=process_set, scale_local_gradients=scale_local_gradients)
+    opt._local_layers = list(local_layers)
+    return opt
 
 
 def plain_optimizer(optimizer: Any) -> Any:

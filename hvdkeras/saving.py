@@ -13,6 +13,7 @@ from typing import Any, Callable, Iterator
 import keras
 
 from hvdkeras import _collectives as C
+from hvdkeras.compression import Compression
 
 
 def is_rank_zero() -> bool:
@@ -129,7 +130,8 @@ def load_model(
     filepath: str | os.PathLike,
     custom_optimizers: list | None = None,
     custom_objects: dict | None = None,
-    compression: Any = None,
+    compression: Any = Compression.none,
+    legacy_opts: bool = False,
     *,
     compile: bool = True,
     safe_mode: bool = True,
@@ -146,6 +148,8 @@ def load_model(
         custom_optimizers: optimizer classes of your own that the file uses (as in Horovod).
         custom_objects: as for `keras.models.load_model`.
         compression: `hvdkeras.Compression.none` (default) or `.fp16` for the wrapped optimizer.
+        legacy_opts: Horovod's switch to tf.keras's legacy optimizers, which Keras 3 does not have: only
+            False is accepted.
         compile: as for `keras.models.load_model`.
         safe_mode: as for `keras.models.load_model`.
         **distributed_kwargs: more DistributedOptimizer options (op, backward_passes_per_step, ...).
@@ -156,9 +160,11 @@ def load_model(
     Example:
         >>> model = hvdkeras.load_model("ckpt.keras")
     """
-    from hvdkeras.compression import Compression
     from hvdkeras.optimizer import DistributedLossScaleOptimizer, DistributedOptimizer
 
+    if legacy_opts:
+        raise ValueError("Keras 3 has no legacy optimizers (tf.keras.optimizers.legacy): load_model takes "
+                         "legacy_opts=False only. Received: legacy_opts=True")
     # Files written by earlier hvdkeras versions name the wrapper itself.
     objects = {"DistributedOptimizer": DistributedOptimizer,
                "DistributedLossScaleOptimizer": DistributedLossScaleOptimizer}
@@ -167,6 +173,5 @@ def load_model(
     model = keras.models.load_model(filepath, custom_objects=objects, compile=compile, safe_mode=safe_mode)
     optimizer = getattr(model, "optimizer", None)
     if compile and optimizer is not None and not isinstance(optimizer, DistributedOptimizer):
-        model.optimizer = DistributedOptimizer(
-            optimizer, compression=Compression.none if compression is None else compression, **distributed_kwargs)
+        model.optimizer = DistributedOptimizer(optimizer, compression=compression, **distributed_kwargs)
     return model

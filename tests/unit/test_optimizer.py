@@ -90,14 +90,16 @@ class FakeSeam:
         monkeypatch.setattr(C, "grouped_allreduce", self.grouped_allreduce)
         monkeypatch.setattr(C, "allgather", self.allgather)
         monkeypatch.setattr(C, "size", lambda: 2)
-        monkeypatch.setattr(C, "size_tensor", lambda: tf.constant(2))
+        monkeypatch.setattr(C, "size_tensor", lambda process_set=C.global_process_set: tf.constant(2))
 
-    def grouped_allreduce(self, tensors, op=C.Average, prescale_factor=1.0, postscale_factor=1.0, name=None):
+    def grouped_allreduce(self, tensors, op=C.Average, prescale_factor=1.0, postscale_factor=1.0, name=None,
+                          process_set=C.global_process_set):
         self.calls.append(("grouped_allreduce", len(tensors), op))
+        self.process_set = process_set
         total = [(t * prescale_factor + 3 * t * prescale_factor) * postscale_factor for t in tensors]
         return [s / 2 if op == C.Average else s for s in total]
 
-    def allgather(self, tensor, name=None):
+    def allgather(self, tensor, name=None, process_set=C.global_process_set):
         self.calls.append(("allgather",))
         return tf.concat([tensor, tensor], axis=0)
 
@@ -289,3 +291,46 @@ def test_load_model_wraps_a_plain_optimizer(hvd, tmp_path):
     assert isinstance(loaded.optimizer, DistributedOptimizer)
     loaded.fit(np.ones((4, 3)), np.zeros((4, 2)), verbose=0)
     assert int(loaded.optimizer.iterations) == 2
+
+
+def test_local_variables_are_not_reduced_and_scaled_like_horovod(monkeypatch):
+    seam = FakeSeam(monkeypatch)
+    model = small_model()
+    kernel, bias = model.trainable_variables[-2:]
+    for scale, factor in ((True, 0.5), (False, 1.0)):
+        opt = DistributedOptimizer(keras.optimizers.SGD(1.0), scale_local_gradients=scale)
+        opt.register_local_var(bias)
+        grads = [tf.ones_like(v) for v in model.trainable_variables]
+        out = opt.reduce_gradients(grads, model.trainable_variables)
+        np.testing.assert_allclose(out[-1].numpy(), np.full(bias.shape, factor))  # local: grad / size, no seam
+        np.testing.assert_allclose(out[-2].numpy(), np.full(kernel.shape, 2.0))   # reduced: 2x ours (fake)
+    assert seam.calls[-1] == ("grouped_allreduce", len(grads) - 1, C.Average)
+
+
+def test_partial_distributed_optimizer_takes_layers_built_later(monkeypatch):
+    FakeSeam(monkeypatch)
+    head = keras.layers.Dense(2)
+    opt = hvdkeras_module().PartialDistributedOptimizer(keras.optimizers.SGD(0.1), local_layers=head)
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(4), head])  # head built now, after opt
+    out = opt.reduce_gradients([tf.ones_like(v) for v in model.trainable_variables], model.trainable_variables)
+    assert [float(np.max(g)) for g in out] == [2.0, 2.0, 0.5, 0.5]
+    with pytest.raises(ValueError, match="must be Keras layers. Received: local_layers="):
+        hvdkeras_module().PartialDistributedOptimizer(keras.optimizers.SGD(0.1), local_layers=["dense"])
+
+
+def test_horovod_positional_order_and_deprecated_num_groups(monkeypatch):
+    FakeSeam(monkeypatch)
+    opt = DistributedOptimizer(keras.optimizers.SGD(0.1), "dist", "", "", hvdkeras_module().Compression.fp16, False,
+                               1.0, C.Sum, 2, True, 3)
+    assert (opt.name, opt.compression, opt.op, opt.backward_passes_per_step, opt.average_aggregated_gradients,
+            opt._groups) == ("dist", hvdkeras_module().Compression.fp16, C.Sum, 2, True, 3)
+    with pytest.raises(ValueError, match="not both"):
+        DistributedOptimizer(keras.optimizers.SGD(0.1), num_groups=2, groups=2)
+    with pytest.raises(TypeError, match="must be an hvdkeras.ProcessSet. Received: process_set=\\[0\\]"):
+        DistributedOptimizer(keras.optimizers.SGD(0.1), process_set=[0])
+
+
+def hvdkeras_module():
+    import hvdkeras
+
+    return hvdkeras
