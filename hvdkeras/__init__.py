@@ -67,6 +67,7 @@ from hvdkeras.optimizer import (  # noqa: E402
     PartialDistributedOptimizer,
 )
 from hvdkeras.saving import load_model  # noqa: E402
+from hvdkeras.sync_batch_norm import SyncBatchNormalization  # noqa: E402
 
 __all__ = [
     "Average",
@@ -76,6 +77,7 @@ __all__ = [
     "PartialDistributedOptimizer",
     "ProcessSet",
     "Sum",
+    "SyncBatchNormalization",
     "add_process_set",
     "allgather",
     "allgather_object",

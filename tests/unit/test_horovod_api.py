@@ -79,3 +79,17 @@ def test_is_version_greater_equal_than():
     assert not hvdkeras.is_version_greater_equal_than("2.15.1", "2.16.0")
     with pytest.raises(ValueError, match="major.minor.patch. Received: target='2.16'"):
         hvdkeras.is_version_greater_equal_than("2.21.0", "2.16")
+
+
+def test_sync_batch_normalization_matches_horovod_tensorflow(hvd):
+    import horovod.tensorflow
+    import keras
+    import numpy as np
+
+    assert [p.name for p in parameters(horovod.tensorflow.SyncBatchNormalization)] == \
+        [p.name for p in parameters(hvdkeras.SyncBatchNormalization)] == ["fused", "kwargs"]
+    with pytest.raises(ValueError, match="does not support fused=True. Received: fused=True"):
+        hvdkeras.SyncBatchNormalization(fused=True)
+    x = np.random.default_rng(0).normal(size=(8, 3)).astype("float32")  # one worker: plain batch norm
+    np.testing.assert_allclose(hvdkeras.SyncBatchNormalization()(x, training=True),
+                               keras.layers.BatchNormalization()(x, training=True), atol=1e-5)
