@@ -334,3 +334,36 @@ def hvdkeras_module():
     import hvdkeras
 
     return hvdkeras
+
+
+def test_backup_resumes_in_plain_keras_without_hvdkeras(hvd, tmp_path):
+    import subprocess
+    import sys
+
+    import hvdkeras
+
+    model = small_model()
+    model.compile(optimizer=hvdkeras.DistributedOptimizer(keras.optimizers.Adam(0.01)), loss="mse")
+    x, y = np.ones((8, 3), "float32"), np.zeros((8, 2), "float32")
+    backup = tmp_path / "backup"
+    model.fit(x, y, batch_size=4, epochs=2, verbose=0,
+              callbacks=[hvdkeras.callbacks.BackupAndRestore(str(backup), delete_checkpoint=False)])
+    saved = [np.asarray(v).copy() for v in model.optimizer.variables]
+    check = (
+        "import sys, json, keras, numpy as np\n"
+        "keras.utils.set_random_seed(0)\n"
+        "m = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])\n"
+        "m.compile(optimizer=keras.optimizers.Adam(0.01), loss='mse')\n"
+        "seen = []\n"
+        "class Probe(keras.callbacks.Callback):\n"
+        "    def on_epoch_begin(self, epoch, logs=None):\n"
+        "        seen.append((epoch, int(m.optimizer.iterations)))\n"
+        "m.fit(np.ones((8, 3), 'float32'), np.zeros((8, 2), 'float32'), batch_size=4, epochs=3, verbose=0,\n"
+        "      callbacks=[keras.callbacks.BackupAndRestore(sys.argv[1]), Probe()])\n"
+        "assert not any(k.startswith('hvdkeras') for k in sys.modules)\n"
+        "print(json.dumps(seen))\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", check, str(backup)], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.strip().splitlines()[-1] == "[[2, 4]]"  # resumed at epoch 3 with the saved iterations
+    assert int(saved[0]) == 4
