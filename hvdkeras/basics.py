@@ -44,14 +44,6 @@ def pin_gpu(local_rank: int, config: Any = None) -> Any:
     return gpu
 
 
-ProcessSet = C.ProcessSet
-global_process_set = C.global_process_set
-add_process_set = C.add_process_set
-remove_process_set = C.remove_process_set
-start_timeline = C.start_timeline
-stop_timeline = C.stop_timeline
-
-
 def init(comm: Any = None, process_sets: Any = None, pin_gpus: bool = True) -> None:
     """Initializes Horovod for this worker and pins it to one GPU by local rank.
 
@@ -101,6 +93,13 @@ def shutdown() -> None:
     rendezvous.stop()
 
 
+# Horovod's own functions and objects, unchanged.
+ProcessSet = C.ProcessSet
+global_process_set = C.global_process_set
+add_process_set = C.add_process_set
+remove_process_set = C.remove_process_set
+start_timeline = C.start_timeline
+stop_timeline = C.stop_timeline
 is_initialized = C.is_initialized
 rank = C.rank
 size = C.size

@@ -211,40 +211,41 @@ def _finish(environ, *, launcher, names, rank, size, local_rank, local_size, lau
                      job_id=job_id, mpi=mpi)
 
 
-def _openmpi(environ):
-    names = ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
-             "OMPI_COMM_WORLD_LOCAL_SIZE")
-    rank = _int(environ, "OMPI_COMM_WORLD_RANK")
-    size = _int(environ, "OMPI_COMM_WORLD_SIZE", 1)
-    _check_rank("OpenMPI", "OMPI_COMM_WORLD_RANK", rank, "OMPI_COMM_WORLD_SIZE", size)
-    # OpenMPI 4 names the job in OMPI_MCA_ess_base_jobid, OpenMPI 5 (PMIx) in PMIX_NAMESPACE.
-    job = environ.get("PMIX_NAMESPACE") or environ.get("OMPI_MCA_ess_base_jobid")
-    return _finish(environ, launcher="OpenMPI", names=names + ("PMIX_NAMESPACE",), rank=rank, size=size,
-                   local_rank=_opt_int(environ, "OMPI_COMM_WORLD_LOCAL_RANK"),
-                   local_size=_opt_int(environ, "OMPI_COMM_WORLD_LOCAL_SIZE", 1),
-                   launcher_job=f"ompi-{job}" if job else None, mpi=True)
+@dataclasses.dataclass(frozen=True)
+class _Convention:
+    """A launcher that names rank, size and local rank/size in variables of its own."""
+
+    launcher: str
+    rank: str
+    size: str
+    local_rank: str
+    local_size: str
+    job_vars: tuple[str, ...]  # the first one set names the job
+    job_prefix: str
+    mpi: bool
 
 
-def _mpich(environ):
-    names = ("PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID", "MPI_LOCALNRANKS")
-    rank = _int(environ, "PMI_RANK")
-    size = _int(environ, "PMI_SIZE", 1)
-    _check_rank("MPICH/Intel MPI", "PMI_RANK", rank, "PMI_SIZE", size)
-    job = environ.get("PMIX_NAMESPACE") or environ.get("PMI_KVSNAME")
-    return _finish(environ, launcher="MPICH/Intel MPI", names=names, rank=rank, size=size,
-                   local_rank=_opt_int(environ, "MPI_LOCALRANKID"), local_size=_opt_int(environ, "MPI_LOCALNRANKS", 1),
-                   launcher_job=f"pmi-{job}" if job else None, mpi=True)
+# Innermost launcher first (see the module docstring). OpenMPI 4 names the job in OMPI_MCA_ess_base_jobid,
+# OpenMPI 5 (PMIx) in PMIX_NAMESPACE.
+_CONVENTIONS = (
+    _Convention("OpenMPI", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
+                "OMPI_COMM_WORLD_LOCAL_SIZE", ("PMIX_NAMESPACE", "OMPI_MCA_ess_base_jobid"), "ompi", True),
+    _Convention("MPICH/Intel MPI", "PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID", "MPI_LOCALNRANKS",
+                ("PMIX_NAMESPACE", "PMI_KVSNAME"), "pmi", True),
+    _Convention("torchrun/Kubernetes", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE",
+                ("TORCHELASTIC_RUN_ID",), "torch", False),
+)
 
 
-def _torchrun(environ):
-    names = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")
-    rank = _int(environ, "RANK")
-    size = _int(environ, "WORLD_SIZE", 1)
-    _check_rank("torchrun/Kubernetes", "RANK", rank, "WORLD_SIZE", size)
-    job = environ.get("TORCHELASTIC_RUN_ID")
-    return _finish(environ, launcher="torchrun/Kubernetes", names=names + ("TORCHELASTIC_RUN_ID",), rank=rank,
-                   size=size, local_rank=_opt_int(environ, "LOCAL_RANK"),
-                   local_size=_opt_int(environ, "LOCAL_WORLD_SIZE", 1), launcher_job=f"torch-{job}" if job else None)
+def _read_convention(environ, c: _Convention):
+    rank = _int(environ, c.rank)
+    size = _int(environ, c.size, 1)
+    _check_rank(c.launcher, c.rank, rank, c.size, size)
+    job = next((environ[n] for n in c.job_vars if environ.get(n)), None)
+    return _finish(environ, launcher=c.launcher, names=(c.rank, c.size, c.local_rank, c.local_size, *c.job_vars),
+                   rank=rank, size=size, local_rank=_opt_int(environ, c.local_rank),
+                   local_size=_opt_int(environ, c.local_size, 1),
+                   launcher_job=f"{c.job_prefix}-{job}" if job else None, mpi=c.mpi)
 
 
 def _slurm(environ):
@@ -299,12 +300,9 @@ def detect(environ: Mapping[str, str]) -> LaunchEnv | None:
         return None
     if "HOROVOD_RANK" in environ or "HOROVOD_GLOO_RENDEZVOUS_ADDR" in environ:
         return None
-    if "OMPI_COMM_WORLD_RANK" in environ and "OMPI_COMM_WORLD_SIZE" in environ:
-        return _openmpi(environ)
-    if "PMI_RANK" in environ and "PMI_SIZE" in environ:
-        return _mpich(environ)
-    if "RANK" in environ and "WORLD_SIZE" in environ:
-        return _torchrun(environ)
+    for convention in _CONVENTIONS:
+        if convention.rank in environ and convention.size in environ:
+            return _read_convention(environ, convention)
     # SLURM_PROCID alone is also set in an sbatch script's own (batch) step, which is one process: only an
     # srun step (SLURM_STEP_NUM_TASKS) or a step id names a set of tasks.
     if "SLURM_PROCID" in environ and ("SLURM_STEP_NUM_TASKS" in environ or
