@@ -18,11 +18,12 @@ import textwrap
 import time
 from typing import Callable, Sequence
 
+from hvdkeras.launching import DEFAULT_STALL_TIMEOUT
+
 EXIT_USAGE = 2
-# How long a worker may stop answering before the others give up (Horovod's Gloo timeout). The workers'
-# background threads exchange messages every few milliseconds whatever training does, so this measures
-# whether a process is alive, not how long a step takes: a slow first step does not trip it.
-DEFAULT_STALL_TIMEOUT = 60.0
+# DEFAULT_STALL_TIMEOUT: the workers' background threads exchange messages every few milliseconds
+# whatever training does, so it measures whether a process is alive, not how long a step takes: a slow
+# first step does not trip it.
 DEFAULT_MASTER_PORT = 29500
 _HOST = re.compile(r"^[A-Za-z0-9_.\-\[\]:]*[A-Za-z0-9_.\-\]]:(\d+)$")
 

@@ -25,6 +25,9 @@ import re
 from typing import Mapping
 
 LOOPBACK = "127.0.0.1"
+# How long a worker may stop answering before the others give up (Horovod's Gloo timeout,
+# HVDKERAS_STALL_TIMEOUT / `hvdkeras run --stall-timeout`).
+DEFAULT_STALL_TIMEOUT = 60.0
 # Rendezvous ports derived from a job id fall in [PORT_BASE, PORT_BASE + PORT_SPAN): above the usual
 # service ports and below Linux's default ephemeral range (32768-60999), so a derived port is rarely taken.
 PORT_BASE = 20000

@@ -25,10 +25,9 @@ import time
 from typing import Any, Mapping, MutableMapping
 
 from hvdkeras import _collectives as C
-from hvdkeras.launching import LaunchEnv
+from hvdkeras.launching import DEFAULT_STALL_TIMEOUT, LaunchEnv
 
 DEFAULT_TIMEOUT = 60.0
-DEFAULT_STALL_TIMEOUT = 60.0
 SCOPE = "hvdkeras"
 _REQUEST_TIMEOUT = 3.0
 _PROBE_TIMEOUT = 2.0

@@ -155,6 +155,20 @@ class Slurm:
             raise
         return self
 
+    def wait_job(self, job_id: str, timeout: float) -> tuple[str, int]:
+        """(final state, exit code) of a batch job, polled every 0.5 s; cancels it and fails on a timeout."""
+        env = dict(os.environ, **self.env)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            info = _run("scontrol", "show", "job", "-o", job_id, check=False, env=env).stdout
+            fields = dict(f.split("=", 1) for f in info.split() if "=" in f)
+            state = fields.get("JobState", "")
+            if state in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL"):
+                return state, int(fields.get("ExitCode", "0:0").split(":")[0])
+            time.sleep(0.5)
+        _run("scancel", job_id, check=False, env=env)
+        pytest.fail(f"batch job {job_id} did not finish within {timeout:g} s\n{self.logs()}", pytrace=False)
+
     def logs(self) -> str:
         logs = sorted(self.root.glob("*.log")) + sorted(self.munge_dir.glob("*.log"))
         return "".join(f"--- {p.name}\n{p.read_text()[-2000:]}" for p in logs)

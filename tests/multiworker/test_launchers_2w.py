@@ -45,11 +45,14 @@ def test_sbatch_example_forms_one_job(slurm, tmp_path, kind):
         args = [str(REPO / "tests" / "multiworker" / "workers" / "init_script.py"), "--report-dir",
                 str(tmp_path / "report"), "--epochs", "1", "--out-dir", str(model)]
     log = tmp_path / "sbatch.out"
-    cmd = ["sbatch", "--wait", f"--output={log}", f"--chdir={REPO}", str(REPO / "examples" / "slurm_job.sbatch"), *args]
-    job = run_command(cmd, tmp_path, timeout=LAUNCH_TIMEOUT, env={**slurm.env, "HVDKERAS_PYTHON": sys.executable})
+    cmd = ["sbatch", "--parsable", f"--output={log}", f"--chdir={REPO}", str(REPO / "examples" / "slurm_job.sbatch"),
+           *args]
+    submitted = run_command(cmd, tmp_path, timeout=60, env={**slurm.env, "HVDKERAS_PYTHON": sys.executable})
+    if submitted.returncode != 0:
+        submitted.fail(f"sbatch exited {submitted.returncode}\n{slurm.logs()}")
+    state, code = slurm.wait_job(submitted.output.strip().split(";")[0], timeout=LAUNCH_TIMEOUT)
     output = log.read_text() if log.exists() else ""
-    if job.returncode != 0:
-        job.fail(f"sbatch --wait exited {job.returncode}\n{output}\n{slurm.logs()}")
+    assert (state, code) == ("COMPLETED", 0), f"batch job ended {state} with exit code {code}\n{output}"
     check_two_workers(tmp_path, kind, lines_by_rank(output, "srun"))
 
 
