@@ -5,13 +5,9 @@ from __future__ import annotations
 import tensorflow as tf
 
 from hvdkeras import basics
+from hvdkeras.optimizer import var_id
 
 from ._base import HvdCallback
-
-
-def _identity(variable) -> int:
-    inner = getattr(variable, "value", None)
-    return id(inner) if isinstance(inner, tf.Variable) else id(variable)
 
 
 def model_and_optimizer_variables(model) -> list:
@@ -31,8 +27,8 @@ def broadcast_model(model, root_rank: int = 0, check: bool | None = None, local_
                     device: str = "") -> None:
     """Sets all model and optimizer variables on every worker to root_rank's values (after checking that
     every worker built the same model, unless `check` is False), except `local_variables`."""
-    local = {_identity(v) for v in local_variables or []}
-    variables = [v for v in model_and_optimizer_variables(model) if _identity(v) not in local]
+    local = {var_id(v) for v in local_variables or []}
+    variables = [v for v in model_and_optimizer_variables(model) if var_id(v) not in local]
     with tf.device(device):
         basics.broadcast_variables(variables, root_rank=root_rank, check=check)
 

@@ -74,7 +74,7 @@ def _check_groups(groups: Any) -> Any:
         seen: set[int] = set()
         for group in groups:
             for var in group:
-                key = _var_id(var)
+                key = var_id(var)
                 if key in seen:
                     raise ValueError(
                         f"`groups` lists a variable more than once. Received: variable={getattr(var, 'path', var)!r}"
@@ -87,7 +87,7 @@ def _check_groups(groups: Any) -> Any:
     )
 
 
-def _var_id(var: Any) -> int:
+def var_id(var: Any) -> int:
     """Identity of a variable, the same for a keras.Variable and the tf.Variable inside it."""
     inner = getattr(var, "value", None)
     return id(inner) if isinstance(inner, tf.Variable) else id(var)
@@ -241,7 +241,7 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
         # Layers given to PartialDistributedOptimizer may be built after it was created (Keras 3 builds
         # models lazily): their variables are looked up when gradients are reduced.
         variables = self._local_vars + [v for layer in self._local_layers for v in layer.trainable_weights]
-        return {_var_id(v) for v in variables}
+        return {var_id(v) for v in variables}
 
     # ----------------------------------------------------------------- state delegated to the inner optimizer
     @property
@@ -366,7 +366,7 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
         for i, g in enumerate(out):
             if g is None:
                 continue
-            if local and _var_id(variables[i]) in local:
+            if local and var_id(variables[i]) in local:
                 if self.scale_local_gradients:
                     out[i] = self._scale_local(g)
                 continue
@@ -399,11 +399,11 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
             where = {}
             for gi, group in enumerate(self._groups):
                 for var in group:
-                    where[_var_id(var)] = gi
+                    where[var_id(var)] = gi
             by_group: dict[int, list[int]] = {}
             singles = []
             for i in dense:
-                gi = where.get(_var_id(variables[i]))
+                gi = where.get(var_id(variables[i]))
                 if gi is None:
                     singles.append([i])
                 else:
