@@ -18,7 +18,7 @@ import textwrap
 import time
 from typing import Callable, Sequence
 
-from hvdkeras.launching import DEFAULT_STALL_TIMEOUT
+from hvdkeras.launching import DEFAULT_STALL_TIMEOUT, env_seconds
 
 EXIT_USAGE = 2
 # DEFAULT_STALL_TIMEOUT: the workers' background threads exchange messages every few milliseconds
@@ -193,11 +193,10 @@ def validate(ns: argparse.Namespace, *, which: Callable[[str], str | None] = shu
         raise UsageError(f"--warmup-epochs must be >= 0. Received: --warmup-epochs {ns.warmup_epochs:g}")
     stall = ns.stall_timeout
     if stall is None:
-        raw = os.environ.get("HVDKERAS_STALL_TIMEOUT")
         try:
-            stall = float(raw) if raw else DEFAULT_STALL_TIMEOUT
-        except ValueError:
-            raise UsageError(f"HVDKERAS_STALL_TIMEOUT must be a number of seconds. Received: {raw!r}") from None
+            stall = env_seconds(os.environ, "HVDKERAS_STALL_TIMEOUT", DEFAULT_STALL_TIMEOUT)
+        except ValueError as err:
+            raise UsageError(str(err)) from None
     if not stall > 0:
         raise UsageError(f"--stall-timeout must be > 0 seconds. Received: --stall-timeout {stall:g}")
     if nodes is not None:

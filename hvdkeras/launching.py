@@ -68,6 +68,24 @@ class LaunchEnv:
         return f"{self.launcher} ({', '.join(self.variables)})"
 
 
+def env_seconds(environ: Mapping[str, str], name: str, default: float) -> float:
+    """A number of seconds > 0 from `environ[name]`, or `default` when it is unset or empty.
+
+    Raises:
+        ValueError: anything else, naming the variable and its value.
+    """
+    raw = environ.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        value = float("nan")
+    if not value > 0:
+        raise ValueError(f"{name} must be a number of seconds > 0. Received: {name}={raw!r}")
+    return value
+
+
 class LaunchEnvError(ValueError):
     """The launcher's environment is inconsistent or incomplete; the message says what to set."""
 

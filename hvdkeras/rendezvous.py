@@ -25,7 +25,7 @@ import time
 from typing import Any, Mapping, MutableMapping
 
 from hvdkeras import _collectives as C
-from hvdkeras.launching import DEFAULT_STALL_TIMEOUT, LaunchEnv
+from hvdkeras.launching import DEFAULT_STALL_TIMEOUT, LaunchEnv, env_seconds
 
 DEFAULT_TIMEOUT = 60.0
 SCOPE = "hvdkeras"
@@ -40,22 +40,9 @@ class RendezvousError(RuntimeError):
     """The job could not be formed; the message names the address, the ranks and what to check."""
 
 
-def _seconds(environ: Mapping[str, str], name: str, default: float) -> float:
-    raw = environ.get(name, "").strip()
-    if not raw:
-        return default
-    try:
-        value = float(raw)
-    except ValueError:
-        value = float("nan")
-    if not value > 0:
-        raise ValueError(f"{name} must be a number of seconds > 0. Received: {name}={raw!r}")
-    return value
-
-
 def rendezvous_timeout(environ: Mapping[str, str]) -> float:
     """HVDKERAS_RENDEZVOUS_TIMEOUT, the bound on forming the job (default 60 s)."""
-    return _seconds(environ, "HVDKERAS_RENDEZVOUS_TIMEOUT", DEFAULT_TIMEOUT)
+    return env_seconds(environ, "HVDKERAS_RENDEZVOUS_TIMEOUT", DEFAULT_TIMEOUT)
 
 
 # ------------------------------------------------------------------------------------------ addresses
@@ -401,7 +388,7 @@ def form(env: LaunchEnv, environ: MutableMapping[str, str] | None = None) -> For
             server.stop()
         raise
     mine = assign(peers)[env.rank]
-    stall = _seconds(environ, "HVDKERAS_STALL_TIMEOUT", DEFAULT_STALL_TIMEOUT)
+    stall = env_seconds(environ, "HVDKERAS_STALL_TIMEOUT", DEFAULT_STALL_TIMEOUT)
     environ.update({
         "HOROVOD_GLOO_RENDEZVOUS_ADDR": ip,
         "HOROVOD_GLOO_RENDEZVOUS_PORT": str(env.rendezvous_port),

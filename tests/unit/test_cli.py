@@ -130,3 +130,11 @@ def test_bad_multi_node_options(argv, message):
     with pytest.raises(cli.UsageError) as err:
         config(*argv)
     assert message in str(err.value)
+
+
+@pytest.mark.parametrize("raw", ["soon", "0", "-5"])
+def test_bad_stall_timeout_from_the_environment(monkeypatch, raw):
+    monkeypatch.setenv("HVDKERAS_STALL_TIMEOUT", raw)
+    with pytest.raises(cli.UsageError, match=f"HVDKERAS_STALL_TIMEOUT must be a number of seconds > 0. "
+                                             f"Received: HVDKERAS_STALL_TIMEOUT='{raw}'"):
+        config("-np", "2", "t.py")
