@@ -439,11 +439,6 @@ def init_watchdog(formed: Formed, environ: Mapping[str, str] | None = None):
         timer.cancel()
 
 
-def active() -> Formed | None:
-    """The job this process formed from its launcher's environment, if it did."""
-    return _active
-
-
 def stop() -> None:
     """Stops rank 0's rendezvous (at shutdown)."""
     global _active

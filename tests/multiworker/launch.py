@@ -130,7 +130,7 @@ class Proc:
 
 
 class Started:
-    """Processes started at once by `start_processes`, each in its own session, output to a log each."""
+    """Processes started at once, each in its own session, output to a log each."""
 
     def __init__(self, commands: list[tuple[list[str], dict]], out_dir: Path):
         out_dir.mkdir(parents=True, exist_ok=True)
@@ -165,10 +165,6 @@ class Started:
     def kill(self) -> None:
         for proc in self.procs:
             kill_tree(proc.pid)
-
-
-def start_processes(commands: list[tuple[list[str], dict]], out_dir: Path) -> Started:
-    return Started(commands, out_dir)
 
 
 def run_processes(commands: list[tuple[list[str], dict]], out_dir: Path, timeout: float) -> list[Proc]:

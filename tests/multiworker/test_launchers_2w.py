@@ -13,7 +13,7 @@ import pytest
 from jobcheck import SCRIPTS, check_two_workers, lines_by_rank, worker_command
 from lab import Slurm, require
 
-from launch import REPO, run_command, run_processes, show, start_processes
+from launch import REPO, Started, run_command, run_processes, show
 
 LAUNCH_TIMEOUT = 300
 
@@ -170,7 +170,7 @@ def test_a_second_job_on_a_held_port_does_not_join_the_first(tmp_path):
     port = free_port()
     first = tmp_path / "first"
     # The first job forms and holds its rendezvous until released; the second starts on the same MASTER_PORT.
-    running = start_processes([(HOLD, torch_env(r, port)) for r in (0, 1)], first)
+    running = Started([(HOLD, torch_env(r, port)) for r in (0, 1)], first)
     try:
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline and not listening(port):
