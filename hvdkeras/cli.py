@@ -361,33 +361,44 @@ _FAILED = re.compile(rb"^Process (\d+) exit with status code (-?\d+)")
 _COLLATERAL = (b"Horovod has been shut down", b"Connection reset by peer", b"Connection closed by peer",
                b"Timed out waiting")
 _RANK_LINE = re.compile(rb"^\[(\d+)\]<std(?:out|err)>:")
+_TRACEBACK = b"Traceback (most recent call last)"
 
 
 class FailureTracker:
     """Finds the rank that failed first from horovodrun's output.
 
     horovodrun reports exits in the order it notices them, and a survivor whose allreduce was torn down can
-    exit before the worker that caused it is noticed. So ranks whose output shows such a collateral failure
-    only count when no other rank failed.
+    exit before the worker that caused it is noticed; horovodrun then terminates the cause, which never
+    reports an exit of its own. So ranks whose output shows such a collateral failure only count when no
+    other rank failed, and a rank that printed a traceback of its own counts even when it never exited.
     """
 
     def __init__(self):
         self.exits: list[tuple[int, int]] = []
         self.collateral: set[int] = set()
+        self.raised: list[int] = []
 
     def feed(self, line: bytes) -> None:
         rank_line = _RANK_LINE.match(line)
-        if rank_line and any(marker in line for marker in _COLLATERAL):
-            self.collateral.add(int(rank_line.group(1)))
+        if rank_line:
+            rank = int(rank_line.group(1))
+            if any(marker in line for marker in _COLLATERAL):
+                self.collateral.add(rank)
+            elif _TRACEBACK in line and rank not in self.raised:
+                self.raised.append(rank)
         exited = _FAILED.match(line.strip())
         if exited and int(exited.group(2)) != 0:
             self.exits.append((int(exited.group(1)), int(exited.group(2))))
 
-    def first_failure(self) -> tuple[int, int] | None:
-        """(rank, exit code) of the failure that started it, or None if horovodrun reported none."""
+    def first_failure(self) -> tuple[int, int | None] | None:
+        """(rank, exit code) of the failure that started it, or None if horovodrun reported none. The exit
+        code is None for a rank that raised and was terminated before horovodrun saw it exit."""
         for rank, code in self.exits:
             if rank not in self.collateral:
                 return rank, code
+        for rank in self.raised:
+            if rank not in self.collateral:
+                return rank, None
         return self.exits[0] if self.exits else None
 
 
@@ -461,7 +472,12 @@ def stream(cmd: list[str], env: dict, name_failed_rank: bool = True) -> int:
                   "(--stall-timeout).", file=sys.stderr, flush=True)
         elif failures.first_failure() is not None:
             rank, worker_code = failures.first_failure()
-            how = f"killed by signal {-worker_code}" if worker_code < 0 else f"exit code {worker_code}"
+            if worker_code is None:
+                how = "it raised; its traceback is above"
+            elif worker_code < 0:
+                how = f"killed by signal {-worker_code}"
+            else:
+                how = f"exit code {worker_code}"
             print(f"hvdkeras run: the job failed: rank {rank} failed first ({how}); the other workers were stopped.",
                   file=sys.stderr, flush=True)
         else:

@@ -118,3 +118,16 @@ def test_failure_tracker_skips_ranks_that_only_failed_because_of_another():
     for line in [b"[0]<stderr>:Timed out waiting 30000ms for recv\n", b"Process 0 exit with status code 1.\n"]:
         only_collateral.feed(line)
     assert only_collateral.first_failure() == (0, 1)
+
+
+def test_failure_tracker_names_a_rank_that_raised_and_was_terminated_before_it_exited():
+    # What horovodrun printed when the survivor exited first and the rank that raised was then terminated.
+    tracker = cli.FailureTracker()
+    for line in [b"[1]<stderr>:Traceback (most recent call last):\n",
+                 b"[1]<stderr>:RuntimeError: injected failure on rank 1\n",
+                 b"[0]<stderr>:Traceback (most recent call last):\n",
+                 b"[0]<stderr>:Horovod has been shut down. This was caused by an exception on one of the ranks\n",
+                 b"Process 0 exit with status code 1.\n", b"Terminating remaining workers after failure of Process 0.\n",
+                 b"[1]<stderr>:Terminated\n"]:
+        tracker.feed(line)
+    assert tracker.first_failure() == (1, None)
