@@ -87,6 +87,64 @@ def _check_groups(groups: Any) -> Any:
     )
 
 
+# Gradients are reduced in buckets of about this many bytes, in the order the backward pass produces them, so
+# the first buckets travel while the rest of the backward pass still runs. Chosen by measurement on two hosts
+# over a shaped link (benchmarks/network_benchmark.py; README, "Training over a network").
+DEFAULT_BUCKET_BYTES = 256 << 10
+BUCKET_BYTES_ENV = "HVDKERAS_BUCKET_BYTES"
+
+
+def _check_bucket_bytes(value: Any, source: str = "bucket_bytes") -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"`{source}` must be an integer number of bytes >= 0 (0: one allreduce for all gradients, "
+                         f"after the whole backward pass). Received: {source}={value!r}")
+    return value
+
+
+def default_bucket_bytes(environ: Any = None) -> int:
+    """The bucket size when none is passed: $HVDKERAS_BUCKET_BYTES, else DEFAULT_BUCKET_BYTES."""
+    import os
+
+    raw = (os.environ if environ is None else environ).get(BUCKET_BYTES_ENV, "").strip()
+    if not raw:
+        return DEFAULT_BUCKET_BYTES
+    try:
+        value = int(raw)
+    except ValueError:
+        value = raw
+    return _check_bucket_bytes(value, BUCKET_BYTES_ENV)
+
+
+def _nbytes(var: Any) -> int:
+    count = 1
+    for dim in var.shape:
+        count *= int(dim)
+    return count * tf.as_dtype(var.dtype).size
+
+
+def gradient_buckets(dense: Sequence[int], variables: Sequence[Any], bucket_bytes: int) -> list[list[int]]:
+    """Cuts the dense gradients' indices into buckets, in the order the backward pass produces them.
+
+    The backward pass runs from the model's last layer to its first, so the buckets take the variables in
+    reverse order; a bucket closes once it holds `bucket_bytes` or more. `bucket_bytes=0` gives one bucket.
+    The result depends only on the variables' order, shapes and dtypes, so it is the same on every worker.
+    """
+    if not dense:
+        return []
+    if not bucket_bytes:
+        return [list(dense)]
+    buckets, current, filled = [], [], 0
+    for i in reversed(dense):
+        current.append(i)
+        filled += _nbytes(variables[i])
+        if filled >= bucket_bytes:
+            buckets.append(current)
+            current, filled = [], 0
+    if current:
+        buckets.append(current)
+    return buckets
+
+
 def var_id(var: Any) -> int:
     """Identity of a variable, the same for a keras.Variable and the tf.Variable inside it."""
     inner = getattr(var, "value", None)
@@ -136,9 +194,9 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
             allgathering them.
         gradient_predivide_factor: with `op=Average`, divide by this before the sum and by
             `size() / gradient_predivide_factor` after it.
-        groups: None (one fused allreduce for all dense gradients), an integer n (n fused allreduces of
-            about equal numbers of gradients), or a list of lists of variables (one fused allreduce per
-            list; variables in no list are reduced one by one).
+        groups: None (the dense gradients are reduced in buckets, see `bucket_bytes`), an integer n (n
+            fused allreduces of about equal numbers of gradients), or a list of lists of variables (one fused
+            allreduce per list; variables in no list are reduced one by one).
         name: the optimizer's name; defaults to "distributed_<inner name>".
         device_dense: device for the dense reductions ("" lets TensorFlow choose).
         device_sparse: device for the sparse (allgather) reductions.
@@ -146,8 +204,13 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
         process_set: reduce among the ranks of this `hvdkeras.ProcessSet` only (default: all workers).
         scale_local_gradients: divide the gradients of local variables (`register_local_var`,
             `PartialDistributedOptimizer`) by the number of workers, as Horovod does.
+        bucket_bytes: with `groups=None`, reduce the dense gradients in buckets of about this many bytes, in
+            the order the backward pass produces them (the last layers first): each bucket is one fused
+            allreduce that starts as soon as its gradients exist, while the backward pass computes the
+            rest. 0: one fused allreduce for all of them. None (default): $HVDKERAS_BUCKET_BYTES if set,
+            else DEFAULT_BUCKET_BYTES (256 KiB).
 
-    The parameters are Horovod's, in Horovod's order and with its defaults.
+    The parameters up to `scale_local_gradients` are Horovod's, in Horovod's order and with its defaults.
 
     Raises:
         TypeError: `optimizer` is not a Keras 3 optimizer instance.
@@ -179,8 +242,10 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
         groups: Any = None,
         process_set: Any = C.global_process_set,
         scale_local_gradients: bool = True,
+        bucket_bytes: int | None = None,
     ):
         _check_inner(optimizer)
+        bucket_bytes = default_bucket_bytes() if bucket_bytes is None else _check_bucket_bytes(bucket_bytes)
         _check_learning_rate(optimizer)
         compressor = _compression.get(compression)
         check_op(op)
@@ -225,6 +290,7 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
         self.process_set = process_set
         self.scale_local_gradients = bool(scale_local_gradients)
         self._groups = groups
+        self.bucket_bytes = bucket_bytes
         self._local_vars: list = []
         self._local_layers: list = []
         self._accumulators: list = []
@@ -386,7 +452,7 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
 
     def _dense_groups(self, dense: list[int], variables: Sequence[Any]) -> list[list[int]]:
         if self._groups is None:
-            groups = [dense] if dense else []
+            groups = gradient_buckets(dense, variables, self.bucket_bytes)
         elif isinstance(self._groups, int):
             n = min(self._groups, len(dense)) or 1
             step, extra = divmod(len(dense), n)
@@ -464,6 +530,7 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
             "sparse_as_dense": self.sparse_as_dense,
             "gradient_predivide_factor": self.gradient_predivide_factor,
             "groups": self._groups if isinstance(self._groups, int) else None,
+            "bucket_bytes": self.bucket_bytes,
         }
 
     @classmethod
@@ -488,6 +555,7 @@ def PartialDistributedOptimizer(  # noqa: N802 - Horovod's name for this factory
     process_set: Any = C.global_process_set,
     local_layers: Any = None,
     scale_local_gradients: bool = True,
+    bucket_bytes: int | None = None,
 ) -> DistributedOptimizer:
     """A DistributedOptimizer whose `local_layers` keep their own weights on each worker (Horovod's).
 
@@ -514,7 +582,8 @@ def PartialDistributedOptimizer(  # noqa: N802 - Horovod's name for this factory
     opt = DistributedOptimizer(optimizer, name=name, device_dense=device_dense, device_sparse=device_sparse,
                                compression=compression, sparse_as_dense=sparse_as_dense,
                                gradient_predivide_factor=gradient_predivide_factor, op=op, groups=groups,
-                               process_set=process_set, scale_local_gradients=scale_local_gradients)
+                               process_set=process_set, scale_local_gradients=scale_local_gradients,
+                               bucket_bytes=bucket_bytes)
     opt._local_layers = list(local_layers)
     return opt
 

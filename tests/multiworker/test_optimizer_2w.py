@@ -29,8 +29,14 @@ def test_ranks_hold_bit_identical_weights(job, kind):
 
 
 @pytest.mark.parametrize("kind", ["sgd", "adam", "adamw"])
-def test_one_fused_allreduce_per_step(job, kind):
-    assert both(job, f"{kind}_calls_per_step") == [1.0, 1.0]
+def test_one_fused_allreduce_per_bucket_and_step(job, kind):
+    assert both(job, "buckets_per_step") == [2, 2]
+    assert both(job, f"{kind}_calls_per_step") == [2.0, 2.0]
+
+
+def test_bucket_bytes_0_is_one_allreduce_after_the_backward_pass(job):
+    assert both(job, "single_calls_per_step") == [1.0, 1.0]
+    assert max(both(job, "single_max_abs_diff")) <= TOL
 
 
 def test_groups_split_the_fused_allreduce(job):
@@ -51,7 +57,8 @@ def test_gradient_predivide_factor(job):
 
 
 def test_backward_passes_per_step_communicates_every_k_steps(job):
-    assert both(job, "bpps2_calls_per_step") == [0.5, 0.5]
+    # Its 2 buckets every second step.
+    assert both(job, "bpps2_calls_per_step") == [1.0, 1.0]
     assert both(job, "bpps2_iterations") == [5, 5]
     assert max(both(job, "bpps2_max_abs_diff")) <= TOL
 

@@ -367,3 +367,100 @@ def test_backup_resumes_in_plain_keras_without_hvdkeras(hvd, tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.strip().splitlines()[-1] == "[[2, 4]]"  # resumed at epoch 3 with the saved iterations
     assert int(saved[0]) == 4
+
+
+def stack(widths=(4, 8, 16, 2)):
+    """Dense layers of known sizes: kernel k has widths[k] * widths[k + 1] float32 entries."""
+    keras.utils.set_random_seed(0)
+    return keras.Sequential([keras.Input((widths[0],))] + [keras.layers.Dense(w) for w in widths[1:]])
+
+
+class RecordingSeam:
+    """Records each grouped allreduce's name and the variables (by shape) it reduces; reduces nothing."""
+
+    def __init__(self, monkeypatch):
+        self.calls = []
+        monkeypatch.setattr(C, "grouped_allreduce", self.grouped_allreduce)
+        monkeypatch.setattr(C, "size", lambda: 2)
+
+    def grouped_allreduce(self, tensors, name=None, **kwargs):  # noqa: ARG002
+        self.calls.append((name, [tuple(t.shape) for t in tensors]))
+        return [tf.identity(t) for t in tensors]
+
+
+def test_gradients_are_reduced_in_buckets_in_backward_order(monkeypatch):
+    seam = RecordingSeam(monkeypatch)
+    model = stack()  # kernels 4x8 (128 B), 8x16 (512 B), 16x2 (128 B); biases 32, 64, 8 B
+    grads = [tf.ones_like(v) for v in model.trainable_variables]
+    DistributedOptimizer(keras.optimizers.SGD(0.1), bucket_bytes=130).reduce_gradients(grads, model.trainable_variables)
+    # From the last layer to the first; a bucket closes once it holds >= 130 bytes.
+    assert seam.calls == [("hvdkeras.gradients.0", [(2,), (16, 2)]),
+                          ("hvdkeras.gradients.1", [(16,), (8, 16)]),
+                          ("hvdkeras.gradients.2", [(8,), (4, 8)])]
+    seam.calls.clear()
+    DistributedOptimizer(keras.optimizers.SGD(0.1), bucket_bytes=0).reduce_gradients(grads, model.trainable_variables)
+    assert [len(shapes) for _, shapes in seam.calls] == [6]
+    seam.calls.clear()
+    DistributedOptimizer(keras.optimizers.SGD(0.1)).reduce_gradients(grads, model.trainable_variables)
+    assert len(seam.calls) == 1, "the default (256 KiB) holds this whole model in one bucket"
+    monkeypatch.setenv("HVDKERAS_BUCKET_BYTES", "1")
+    seam.calls.clear()
+    opt = DistributedOptimizer(keras.optimizers.SGD(0.1))
+    opt.reduce_gradients(grads, model.trainable_variables)
+    assert opt.bucket_bytes == 1 and len(seam.calls) == 6
+    assert DistributedOptimizer.from_config(opt.get_config()).bucket_bytes == 1
+
+
+@pytest.mark.parametrize("value", [-1, 1.5, "1MB", True])
+def test_bad_bucket_sizes_say_what_was_received(monkeypatch, value):
+    with pytest.raises(ValueError, match=r"bucket_bytes` must be an integer number of bytes >= 0.*Received: "
+                                         rf"bucket_bytes={value!r}"):
+        DistributedOptimizer(keras.optimizers.SGD(), bucket_bytes=value)
+    monkeypatch.setenv("HVDKERAS_BUCKET_BYTES", str(value))
+    if not isinstance(value, bool):
+        with pytest.raises(ValueError, match=r"Received: HVDKERAS_BUCKET_BYTES="):
+            DistributedOptimizer(keras.optimizers.SGD())
+
+
+def ancestors(tensors) -> set:
+    seen, todo = set(), [t.op for t in tensors]
+    while todo:
+        op = todo.pop()
+        if op.name not in seen:
+            seen.add(op.name)
+            todo.extend(t.op for t in op.inputs)
+            todo.extend(op.control_inputs)
+    return seen
+
+
+@pytest.mark.parametrize("bucket_bytes", [130, 0])
+def test_a_bucket_can_start_before_the_rest_of_the_backward_pass_exists(monkeypatch, bucket_bytes):
+    """The overlap is structural: in the traced train step, the last layer's bucket depends on none of the
+    first layer's gradient ops, so the runtime can send it while it still computes them."""
+    sent = {}
+
+    def grouped_allreduce(tensors, name=None, **kwargs):  # noqa: ARG001
+        sent[name] = list(tensors)
+        return [tf.identity(t) for t in tensors]
+
+    monkeypatch.setattr(C, "grouped_allreduce", grouped_allreduce)
+    model = stack()
+    opt = DistributedOptimizer(keras.optimizers.SGD(0.1), bucket_bytes=bucket_bytes)
+    opt.build(model.trainable_variables)
+    first_kernel_grad = {}
+
+    @tf.function
+    def step(x, y):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean(tf.square(model(x) - y))
+        grads = tape.gradient(loss, model.trainable_variables)
+        first_kernel_grad["op"] = grads[0].op.name
+        opt.apply(grads, model.trainable_variables)
+
+    step.get_concrete_function(tf.TensorSpec((8, 4)), tf.TensorSpec((8, 2)))
+    last_bucket_needs = ancestors(sent["hvdkeras.gradients.0"])
+    if bucket_bytes:
+        assert first_kernel_grad["op"] not in last_bucket_needs
+        assert len(sent) == 3
+    else:
+        assert first_kernel_grad["op"] in last_bucket_needs and len(sent) == 1
