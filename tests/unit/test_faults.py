@@ -127,7 +127,8 @@ def test_failure_tracker_names_a_rank_that_raised_and_was_terminated_before_it_e
                  b"[1]<stderr>:RuntimeError: injected failure on rank 1\n",
                  b"[0]<stderr>:Traceback (most recent call last):\n",
                  b"[0]<stderr>:Horovod has been shut down. This was caused by an exception on one of the ranks\n",
-                 b"Process 0 exit with status code 1.\n", b"Terminating remaining workers after failure of Process 0.\n",
+                 b"Process 0 exit with status code 1.\n",
+                 b"Terminating remaining workers after failure of Process 0.\n",
                  b"[1]<stderr>:Terminated\n"]:
         tracker.feed(line)
     assert tracker.first_failure() == (1, None)
