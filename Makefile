@@ -9,8 +9,9 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.hvdkeras-installed
 PYTEST_ARGS ?=
+NETBENCH_ARGS ?=
 
-.PHONY: install lab test test-fast demo bench lint clean
+.PHONY: install lab test test-fast demo bench netbench lint clean
 
 install: $(STAMP)
 
@@ -39,6 +40,10 @@ demo: install
 
 bench: install
 	$(PY) benchmarks/run_benchmarks.py
+
+# Two test hosts over a shaped link (needs root, ip and tc); writes docs/network_benchmark.{json,png}.
+netbench: install lab
+	$(PY) benchmarks/network_benchmark.py $(NETBENCH_ARGS)
 
 lint: install
 	$(VENV)/bin/ruff check .

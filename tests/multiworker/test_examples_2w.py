@@ -1,9 +1,10 @@
-"""Every example and the benchmark script, smoke-run with 2 workers; the demo reaches 0.95 accuracy."""
+"""Every example and both benchmark scripts, smoke-run with 2 workers; the demo reaches 0.95 accuracy."""
 
 import json
 import sys
 
 import pytest
+from lab import require
 
 from launch import REPO, VENV_BIN, run_command
 
@@ -54,3 +55,21 @@ def test_benchmark_script_smoke(tmp_path):
     assert results["scaling"]["efficiency"] > 0
     assert set(results["gradpath"]) == {"1", "4"}
     assert len(results["time_to_accuracy"]["val_accuracy_2"]) == 2
+
+
+def test_network_benchmark_smoke(tmp_path):
+    """The network benchmark's whole path on the two test hosts over a shaped link, at smoke-run sizes."""
+    require("ip", "tc")
+    out = tmp_path / "net"
+    job = run_command([sys.executable, str(REPO / "benchmarks" / "network_benchmark.py"), "--quick", "--rates",
+                       "200mbit", "--models", "mlp", "--out", str(out)], tmp_path, timeout=480)
+    if job.returncode != 0:
+        job.fail("network_benchmark.py --quick failed")
+    results = json.loads((out / "network_benchmark.json").read_text())
+    assert (out / "network_benchmark.png").stat().st_size > 10_000
+    link = results["links"]["200mbit"]
+    assert link["nominal_mbit_s"] == 200 and 0 < link["tcp_mbit_s"] < 250, link
+    mlp = results["models"]["mlp"]["200mbit"]
+    assert set(mlp["variants"]) == {"hvdkeras", "hvdkeras_single", "hvdkeras_fp16", "horovod_tape",
+                                    "horovod_keras2"}
+    assert mlp["grad_bytes"] > 3_000_000 and mlp["t_local_ms"] > 0 and mlp["t_comm_ms"] > 0

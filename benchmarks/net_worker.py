@@ -1,0 +1,252 @@
+"""One worker of the network benchmark, one per test host; started by network_benchmark.py.
+
+    net_worker.py keras3|keras2 OUT_JSON --models conv,mlp --steps S --rounds R [--warmup W] [--sweep N,..]
+
+The job forms from the torchrun-style variables the driver sets (RANK, WORLD_SIZE, MASTER_ADDR, ...), through
+hvdkeras's rendezvous, for both kinds. Every variant of every model is built once, warmed up, then timed
+in R interleaved rounds of S steps; a round's figure is the median of its step intervals. Each rank writes
+OUT_JSON.rankN.
+
+keras3: local (plain optimizer, no communication), forward (the forward pass and loss alone), comm / comm_fp16
+        (the gradients' grouped allreduce alone), link (one allreduce of the same bytes in one tensor),
+        hvdkeras default / single / fp16 (and hvdkeras_bN: bucket_bytes=N for each N of --sweep), and
+        horovod_tape (Horovod's DistributedGradientTape loop on Keras 3).
+keras2: local and horovod_keras2 (Horovod's DistributedOptimizer on tf-keras, TF_USE_LEGACY_KERAS=1).
+"""
+
+import argparse
+import json
+import os
+import statistics
+import time
+
+import numpy as np
+import tensorflow as tf
+
+# One compute thread per worker, set before any op runs.
+tf.config.threading.set_intra_op_parallelism_threads(1)
+tf.config.threading.set_inter_op_parallelism_threads(1)
+
+BATCH = 32
+CLASSES = 10
+
+
+def conv_model(keras):
+    """8 conv layers (3x3, 32 -> 128 channels, ~2.3 MB of float32 gradients) and a linear classifier."""
+    tf.random.set_seed(0)
+    layers = [keras.Input((16, 16, 3))]
+    for i, channels in enumerate((32, 64, 64, 128, 128, 128, 128, 160)):
+        layers.append(keras.layers.Conv2D(channels, 3, padding="same", activation="relu"))
+        if i in (1, 3, 5):
+            layers.append(keras.layers.MaxPooling2D())
+    layers += [keras.layers.GlobalAveragePooling2D(), keras.layers.Dense(CLASSES)]
+    return keras.Sequential(layers)
+
+
+def mlp_model(keras):
+    """784-640-640-10 (~3.3 MB of gradients): little compute per byte."""
+    tf.random.set_seed(0)
+    return keras.Sequential([keras.Input((784,)), keras.layers.Dense(640, activation="relu"),
+                             keras.layers.Dense(640, activation="relu"), keras.layers.Dense(CLASSES)])
+
+
+MODELS = {"conv": (conv_model, (16, 16, 3)), "mlp": (mlp_model, (784,))}
+
+
+def dataset(shape, rank):
+    rng = np.random.default_rng(rank)
+    x = rng.normal(size=(BATCH * 8, *shape)).astype("float32")
+    y = rng.integers(0, CLASSES, size=BATCH * 8).astype("int64")
+    return tf.data.Dataset.from_tensor_slices((x, y)).repeat().batch(BATCH, drop_remainder=True).prefetch(4)
+
+
+def grad_bytes(model) -> int:
+    return int(sum(np.prod(v.shape) * 4 for v in model.trainable_variables))
+
+
+def step_timer(keras):
+    class Intervals(keras.callbacks.Callback):
+        def __init__(self):
+            super().__init__()
+            self.ends = []
+
+        def on_train_batch_end(self, batch, logs=None):
+            self.ends.append(time.perf_counter())
+
+    return Intervals()
+
+
+def fit_runner(keras, model, data, barrier):
+    """A function that runs `steps` fit steps and returns the median step interval in seconds."""
+    def run(steps):
+        barrier()
+        timer = step_timer(keras)
+        model.fit(data, steps_per_epoch=steps + 1, epochs=1, verbose=0, callbacks=[timer])
+        return statistics.median(np.diff(timer.ends))
+
+    return run
+
+
+def loop_runner(step_fn, barrier):
+    def run(steps):
+        barrier()
+        ends = []
+        for _ in range(steps + 1):
+            step_fn()
+            ends.append(time.perf_counter())
+        return statistics.median(np.diff(ends))
+
+    return run
+
+
+def measure(runners: dict, steps: int, rounds: int, warmup: int) -> dict:
+    for run in runners.values():
+        run(warmup)
+    per_round = {name: [] for name in runners}
+    for _ in range(rounds):
+        for name, run in runners.items():
+            per_round[name].append(run(steps))
+    return per_round
+
+
+def keras3_runners(model_name, rank, sweep):
+    import horovod.tensorflow as htf
+    import keras
+
+    import hvdkeras as hvd
+    from hvdkeras import _collectives as C
+
+    make, shape = MODELS[model_name]
+    data = dataset(shape, rank)
+    loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    one = tf.constant(1.0)
+
+    def barrier():
+        C.allreduce(one, name="bench.barrier", op=C.Sum)
+
+    runners = {}
+    model = make(keras)
+    model.compile(optimizer=keras.optimizers.SGD(0.001), loss=loss, jit_compile=False)
+    runners["local"] = fit_runner(keras, model, data, barrier)
+
+    shapes = [v.shape for v in model.trainable_variables]
+    nbytes = grad_bytes(model)
+    grads = [tf.random.normal(s) for s in shapes]
+    grads16 = [tf.cast(g, tf.float16) for g in grads]
+    flat = tf.random.normal((nbytes // 4,))
+
+    def comm_fn(tensors, name):
+        fn = tf.function(lambda: C.grouped_allreduce(tensors, op=C.Average, name=name))
+        return lambda: [t.numpy() for t in fn()[:1]]
+
+    runners["comm"] = loop_runner(comm_fn(grads, f"bench.comm.{model_name}"), barrier)
+    runners["comm_fp16"] = loop_runner(comm_fn(grads16, f"bench.comm16.{model_name}"), barrier)
+    link = tf.function(lambda: htf.allreduce(flat, op=htf.Sum, name=f"bench.link.{model_name}"))
+    runners["link"] = loop_runner(lambda: link().numpy()[:1], barrier)
+
+    xb, yb = next(iter(data))
+    forward = tf.function(lambda: loss(yb, model(xb, training=True)))
+    runners["forward"] = loop_runner(lambda: float(forward()), barrier)
+
+    variants = {"hvdkeras": {}, "hvdkeras_single": {"bucket_bytes": 0},
+                "hvdkeras_fp16": {"compression": hvd.Compression.fp16}}
+    variants.update({f"hvdkeras_b{n}": {"bucket_bytes": n} for n in sweep})
+    for variant, kwargs in variants.items():
+        m = make(keras)
+        m.compile(optimizer=hvd.DistributedOptimizer(keras.optimizers.SGD(0.001), **kwargs), loss=loss,
+                  jit_compile=False)
+        runners[variant] = fit_runner(keras, m, data, barrier)
+
+    m = make(keras)
+    opt = keras.optimizers.SGD(0.001)
+    opt.build(m.trainable_variables)
+    it = iter(data)
+
+    @tf.function
+    def tape_step():
+        xb, yb = next(it)
+        with tf.GradientTape() as tape:
+            value = loss(yb, m(xb, training=True))
+        tape = htf.DistributedGradientTape(tape)
+        # Horovod's tape calls .ref() on its sources: the tf.Variables inside the Keras 3 ones.
+        g = tape.gradient(value, [v.value for v in m.trainable_variables])
+        opt.apply_gradients(zip(g, m.trainable_variables))
+        return value
+
+    runners["horovod_tape"] = loop_runner(lambda: float(tape_step()), barrier)
+    return runners, nbytes
+
+
+def keras2_runners(model_name, rank, sweep):
+    import horovod.tensorflow as htf
+    import horovod.tensorflow.keras as hvdk
+
+    keras = tf.keras  # tf-keras 2.x: TF_USE_LEGACY_KERAS=1
+    make, shape = MODELS[model_name]
+    data = dataset(shape, rank)
+    one = tf.constant(1.0)
+
+    def barrier():
+        htf.allreduce(one, name="bench.barrier", op=htf.Sum)
+
+    loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    runners = {}
+    model = make(keras)
+    model.compile(optimizer=keras.optimizers.SGD(0.001), loss=loss)
+    runners["local"] = fit_runner(keras, model, data, barrier)
+    m = make(keras)
+    m.compile(optimizer=hvdk.DistributedOptimizer(keras.optimizers.SGD(0.001)), loss=loss)
+    runners["horovod_keras2"] = fit_runner(keras, m, data, barrier)
+    return runners, grad_bytes(model)
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("kind", choices=["keras3", "keras2"])
+    parser.add_argument("out")
+    parser.add_argument("--models", default="conv,mlp")
+    parser.add_argument("--steps", type=int, default=8)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--sweep", default="", help="more bucket sizes to time (keras3), comma-separated bytes")
+    args = parser.parse_args()
+
+    # Both kinds form the job through hvdkeras's rendezvous from the launcher's variables.
+    from hvdkeras import launching, rendezvous
+
+    launch = launching.detect(os.environ)
+    formed = rendezvous.form(launch)
+    if args.kind == "keras2":
+        import horovod.tensorflow.keras as hvdk
+
+        with rendezvous.init_watchdog(formed):
+            hvdk.init()
+        rank, size = hvdk.rank(), hvdk.size()
+        import tf_keras
+
+        framework = f"tf-keras {tf_keras.__version__}"
+    else:
+        import hvdkeras as hvd
+
+        hvd.init()
+        rank, size = hvd.rank(), hvd.size()
+        import keras
+
+        framework = f"keras {keras.__version__}"
+    if size != launch.size:
+        raise SystemExit(f"formed a job of {size}, expected {launch.size}")
+    build = keras2_runners if args.kind == "keras2" else keras3_runners
+    result = {"rank": rank, "size": size, "framework": framework, "threads": 1, "batch_per_worker": BATCH,
+              "models": {}}
+    for name in args.models.split(","):
+        runners, nbytes = build(name, rank, [int(b) for b in args.sweep.split(",") if b])
+        rounds = measure(runners, args.steps, args.rounds, args.warmup)
+        result["models"][name] = {"grad_bytes": nbytes, "rounds_s": rounds}
+    path = f"{args.out}.rank{rank}"
+    with open(path + ".tmp", "w") as f:
+        json.dump(result, f, indent=1)
+    os.replace(path + ".tmp", path)
+
+
+if __name__ == "__main__":
+    main()

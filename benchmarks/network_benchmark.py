@@ -1,0 +1,303 @@
+"""Training over a network: two test hosts joined by a shaped link, one worker on each, 1 thread each.
+
+    .venv/bin/python benchmarks/network_benchmark.py [--rates 1gbit,200mbit,50mbit] [--delay-ms 0]
+                                                     [--models conv,mlp] [--out docs]          (`make netbench`)
+
+Needs root (it makes two network namespaces joined by a veth pair, as the tests' lab does, and shapes the
+link with tc tbf in both directions). Nothing leaves the machine. For each link rate, all in one run:
+
+- the link: a TCP transfer between the hosts and one Horovod allreduce of the gradients' bytes, next to the
+  nominal rate; the run stops, reporting nothing, when the link is not what was asked for;
+- t_local: the same fit with a plain optimizer (no communication); t_comm: the gradients' grouped allreduce
+  alone (and in float16);
+- hvdkeras: the default (bucketed, overlapped), the single grouped allreduce after the backward pass
+  (bucket_bytes=0), and fp16 compression;
+- Horovod side by side: its DistributedOptimizer on tf-keras (Keras 2, against its own t_local) and its
+  DistributedGradientTape loop on Keras 3;
+- the bounds no overlap t_local + t_comm and perfect overlap max(t_local, t_comm);
+  overlap = (t_local + t_comm - t_step) / min(t_local, t_comm); scaling efficiency = t_local / t_step.
+
+Every variant is timed in interleaved rounds inside the same two processes; figures are medians over the
+rounds of each round's median step, with the spread (min-max over rounds). Writes network_benchmark.json and
+network_benchmark.png to --out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent
+sys.path.insert(0, str(REPO / "tests" / "multiworker"))
+
+KERAS3_VARIANTS = ("hvdkeras", "hvdkeras_single", "hvdkeras_fp16", "horovod_tape")
+LABELS = {"hvdkeras": "hvdkeras (default: buckets)", "hvdkeras_single": "hvdkeras bucket_bytes=0 (one allreduce)",
+          "hvdkeras_fp16": "hvdkeras fp16", "horovod_tape": "Horovod DistributedGradientTape (Keras 3)",
+          "horovod_keras2": "Horovod DistributedOptimizer (tf-keras)"}
+# A link is what was asked for when one allreduce of the gradients' bytes runs at this fraction of the nominal
+# rate: above it the shaping is not in effect, below it something else (CPU, the machine) is the limit.
+LINK_OK = (0.45, 1.15)
+
+
+class LinkError(RuntimeError):
+    """The shaped link is not what was asked for; nothing is reported."""
+
+
+def parse_rate(text: str) -> float:
+    """'1gbit', '200mbit', '50mbit', '500kbit' -> bits per second."""
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*(k|m|g)bit\s*", text.lower())
+    if not m:
+        raise argparse.ArgumentTypeError(f"a link rate is a number and kbit, mbit or gbit (as tc writes it), "
+                                         f"such as 200mbit. Received: {text!r}")
+    return float(m.group(1)) * {"k": 1e3, "m": 1e6, "g": 1e9}[m.group(2)]
+
+
+def shape(lab, rate: str, delay_ms: float) -> None:
+    if not delay_ms:
+        lab.shape(rate)
+        return
+    for host in lab.NAMES:
+        proc = subprocess.run(lab.ns(host, "tc", "qdisc", "replace", "dev", lab.IFACE, "root", "netem", "delay",
+                                     f"{delay_ms}ms", "rate", rate, "limit", "10000"),
+                              capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise LinkError(f"--delay-ms {delay_ms} needs tc's netem, and this kernel refused it "
+                            f"({proc.stderr.strip()}); run with --delay-ms 0 (rate shaping only, tbf)")
+
+
+def clean_env() -> dict:
+    """This environment without another launcher's variables (they would win over the lab's)."""
+    drop = ("HOROVOD_", "OMPI_", "PMI_", "PMIX_", "SLURM_", "MPI_LOCAL")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(drop)}
+    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(key, None)
+    return env
+
+
+def run_pair(lab, kind: str, out: Path, port: int, args, timeout: float) -> list[dict]:
+    """Starts net_worker.py on both test hosts (torchrun-style variables, rank 0 on the first) and waits."""
+    procs, logs = [], []
+    for rank, host in enumerate(lab.NAMES):
+        env = dict(clean_env(), RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1",
+                   MASTER_ADDR=lab.NAMES[0], MASTER_PORT=str(port), OMP_NUM_THREADS="1", TF_CPP_MIN_LOG_LEVEL="2",
+                   PYTHONUNBUFFERED="1", **dict(args.env))
+        if kind == "keras2":
+            env["TF_USE_LEGACY_KERAS"] = "1"
+        log = open(out.parent / f"{out.name}.rank{rank}.log", "w+")
+        logs.append(log)
+        cmd = lab.ns(host, sys.executable, str(HERE / "net_worker.py"), kind, str(out), "--models", args.models,
+                     "--steps", str(args.steps), "--rounds", str(args.rounds), "--warmup", str(args.warmup),
+                     *(["--sweep", args.sweep] if kind == "keras3" and args.sweep else []))
+        procs.append(subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=str(REPO),
+                                      start_new_session=True))
+    deadline = time.monotonic() + timeout
+    try:
+        while any(p.poll() is None for p in procs) and time.monotonic() < deadline:
+            if any(p.poll() not in (None, 0) for p in procs):
+                time.sleep(5)  # let the other worker report why, then stop it
+                break
+            time.sleep(0.5)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                os.killpg(p.pid, 9)
+            p.wait()
+    codes = [p.returncode for p in procs]
+    if codes != [0, 0]:
+        tails = []
+        for rank, log in enumerate(logs):
+            log.seek(0)
+            tails.append(f"--- rank {rank} (exit {codes[rank]}) ---\n" + "".join(log.readlines()[-25:]))
+        why = "timed out" if time.monotonic() >= deadline else "failed"
+        raise RuntimeError(f"the {kind} workers {why} after {timeout:.0f} s at most:\n" + "\n".join(tails))
+    return [json.loads(Path(f"{out}.rank{r}").read_text()) for r in range(2)]
+
+
+def combine(ranks: list[dict], model: str) -> dict:
+    """Per variant: each round's slower rank (the job waits for it), then the median and spread over rounds."""
+    rounds = {}
+    for variant in ranks[0]["models"][model]["rounds_s"]:
+        per_round = [max(r["models"][model]["rounds_s"][variant][i] for r in ranks)
+                     for i in range(len(ranks[0]["models"][model]["rounds_s"][variant]))]
+        rounds[variant] = {"median_ms": statistics.median(per_round) * 1e3,
+                           "min_ms": min(per_round) * 1e3, "max_ms": max(per_round) * 1e3,
+                           "rounds_ms": [t * 1e3 for t in per_round]}
+    return rounds
+
+
+def derive(t_step: float, t_local: float, t_comm: float) -> dict:
+    return {"step_ms": t_step, "no_overlap_ms": t_local + t_comm, "perfect_overlap_ms": max(t_local, t_comm),
+            "overlap": (t_local + t_comm - t_step) / min(t_local, t_comm),
+            "scaling_efficiency": t_local / t_step,
+            "vs_perfect_overlap": t_step / max(t_local, t_comm) - 1}
+
+
+def summarize(k3: dict, k2: dict, nbytes: int) -> dict:
+    t_local, t_comm, t_comm16 = (k3[k]["median_ms"] for k in ("local", "comm", "comm_fp16"))
+    t_forward = k3["forward"]["median_ms"]
+    out = {"grad_bytes": nbytes, "t_local_ms": t_local, "t_comm_ms": t_comm, "t_comm_fp16_ms": t_comm16,
+           "t_forward_ms": t_forward,
+           # No gradient exists before the forward pass ends, so no step that communicates them can be shorter.
+           "after_forward_bound_ms": max(t_local, t_forward + t_comm),
+           "fp16_comm_cut": t_comm / t_comm16, "t_link_ms": k3["link"]["median_ms"],
+           "t_local_keras2_ms": k2["local"]["median_ms"],
+           "timings": {**k3, **{f"keras2_{k}": v for k, v in k2.items()}},
+           "variants": {}}
+    for v in (*KERAS3_VARIANTS, *sorted((k for k in k3 if k.startswith("hvdkeras_b")), key=lambda k: int(k[10:]))):
+        out["variants"][v] = derive(k3[v]["median_ms"], t_local, t_comm16 if v == "hvdkeras_fp16" else t_comm)
+        out["variants"][v]["spread_ms"] = [k3[v]["min_ms"], k3[v]["max_ms"]]
+    out["variants"]["horovod_keras2"] = derive(k2["horovod_keras2"]["median_ms"], k2["local"]["median_ms"], t_comm)
+    out["variants"]["horovod_keras2"]["spread_ms"] = [k2["horovod_keras2"]["min_ms"], k2["horovod_keras2"]["max_ms"]]
+    return out
+
+
+def _default_bucket_bytes() -> int:
+    from hvdkeras.optimizer import DEFAULT_BUCKET_BYTES
+
+    return DEFAULT_BUCKET_BYTES
+
+
+def check_link(rate_name: str, nominal: float, nbytes: int, t_link_ms: float) -> dict:
+    """A 2-worker ring allreduce sends the tensor's bytes once each way over the link."""
+    measured = nbytes * 8 / (t_link_ms / 1e3)
+    ratio = measured / nominal
+    if not LINK_OK[0] <= ratio <= LINK_OK[1]:
+        raise LinkError(f"asked for {rate_name}, but an allreduce of {nbytes / 1e6:.1f} MB ran at "
+                        f"{measured / 1e6:.0f} Mbit/s ({ratio:.2f}x the nominal rate; accepted "
+                        f"{LINK_OK[0]}-{LINK_OK[1]}x): not reporting this link")
+    return {"allreduce_mbit_s": measured / 1e6, "allreduce_vs_nominal": ratio}
+
+
+def plot(results: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    models = list(results["models"])
+    fig, axes = plt.subplots(1, len(models), figsize=(6.5 * len(models), 5.2), squeeze=False)
+    for ax, model in zip(axes[0], models):
+        links = results["models"][model]
+        rates = [results["links"][r]["nominal_mbit_s"] for r in links]
+        rows = list(links.values())
+        best = [x["variants"]["hvdkeras"]["perfect_overlap_ms"] for x in rows]
+        worst = [x["variants"]["hvdkeras"]["no_overlap_ms"] for x in rows]
+        ax.fill_between(rates, best, worst, color="0.88", label="between the bounds (Keras 3 t_local, t_comm)")
+        ax.plot(rates, best, "k--", lw=1, label="perfect overlap max(t_local, t_comm)")
+        ax.plot(rates, worst, "k:", lw=1, label="no overlap t_local + t_comm")
+        for i, v in enumerate((*KERAS3_VARIANTS, "horovod_keras2")):
+            med = [x["variants"][v]["step_ms"] for x in rows]
+            lo = [m - x["variants"][v]["spread_ms"][0] for m, x in zip(med, rows)]
+            hi = [x["variants"][v]["spread_ms"][1] - m for m, x in zip(med, rows)]
+            ax.errorbar(rates, med, yerr=[lo, hi], marker="os^vD"[i], capsize=3, label=LABELS[v])
+        ax.plot(rates, [x["t_local_keras2_ms"] for x in rows], color="C4", ls=":", lw=1, label="tf-keras t_local")
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xlabel("link rate, Mbit/s (tbf, both directions)")
+        ax.set_ylabel("ms per step (median of rounds; bars: min-max)")
+        first = next(iter(links.values()))
+        ax.set_title(f"{model}: {first['grad_bytes'] / 1e6:.1f} MB of gradients, t_local "
+                     f"{first['t_local_ms']:.0f} ms", fontsize=10)
+        ax.legend(fontsize=7)
+    fig.suptitle(f"hvdkeras over a shaped link: 2 test hosts, 1 worker and 1 thread each, {results['date']}",
+                 fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rates", default="1gbit,200mbit,50mbit",
+                        help="comma-separated link rates as tc writes them (default: %(default)s)")
+    parser.add_argument("--delay-ms", type=float, default=0.0,
+                        help="one-way delay added to the link (needs tc netem; default: none)")
+    parser.add_argument("--models", default="conv,mlp", help="conv, mlp or both (default: %(default)s)")
+    parser.add_argument("--steps", type=int, default=8, help="timed steps per variant and round")
+    parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds per variant")
+    parser.add_argument("--warmup", type=int, default=3, help="untimed steps per variant first")
+    parser.add_argument("--sweep", default="", metavar="BYTES,...",
+                        help="also time hvdkeras with each of these bucket_bytes (default: none)")
+    parser.add_argument("--env", action="append", default=[], metavar="NAME=VALUE",
+                        help="set in both workers, e.g. HOROVOD_CYCLE_TIME=5 or HVDKERAS_BUCKET_BYTES=0")
+    parser.add_argument("--out", type=Path, default=REPO / "docs", help="where the JSON and PNG go")
+    parser.add_argument("--quick", action="store_true", help="a smoke run: 2 steps, 1 round, no meaningful numbers")
+    parser.add_argument("--timeout", type=float, default=1200, help="seconds per launch of the two workers")
+    args = parser.parse_args(argv)
+    rates = [(r.strip(), parse_rate(r)) for r in args.rates.split(",") if r.strip()]
+    for model in args.models.split(","):
+        if model not in ("conv", "mlp"):
+            parser.error(f"--models takes conv and/or mlp. Received: {model!r}")
+    env = []
+    for item in args.env:
+        if "=" not in item:
+            parser.error(f"--env takes NAME=VALUE. Received: {item!r}")
+        env.append(tuple(item.split("=", 1)))
+    args.env = env
+    if args.quick:
+        args.steps, args.rounds, args.warmup = 2, 1, 1
+    if os.geteuid() != 0 or not shutil.which("ip") or not shutil.which("tc"):
+        print("network_benchmark.py needs root, `ip` and `tc`: it makes two network namespaces and shapes the "
+              f"link between them. Received: uid {os.geteuid()}, ip={shutil.which('ip')}, tc={shutil.which('tc')}",
+              file=sys.stderr)
+        return 2
+
+    from lab import LabHosts
+
+    tmp = Path(tempfile.mkdtemp(prefix="hvdk-netbench-"))
+    lab = LabHosts(tmp, subnet=78).start()
+    results = {"date": datetime.date.today().isoformat(), "machine": f"{platform.machine()}, {os.cpu_count()} cores",
+               "quick": args.quick, "steps": args.steps, "rounds": args.rounds, "env": dict(env),
+               "default_bucket_bytes": _default_bucket_bytes(), "sweep": args.sweep,
+               "delay_ms": args.delay_ms, "links": {}, "models": {}}
+    port = 29710
+    try:
+        for rate_name, nominal in rates:
+            shape(lab, rate_name, args.delay_ms)
+            tcp_s = lab.transfer(4_000_000)
+            print(f"[{rate_name}] TCP transfer of 4 MB: {4e6 * 8 / tcp_s / 1e6:.0f} Mbit/s", flush=True)
+            k3 = run_pair(lab, "keras3", tmp / f"k3-{rate_name}.json", port, args, args.timeout)
+            k2 = run_pair(lab, "keras2", tmp / f"k2-{rate_name}.json", port + 1, args, args.timeout)
+            port += 2
+            link = {"nominal_mbit_s": nominal / 1e6, "tcp_mbit_s": 4e6 * 8 / tcp_s / 1e6,
+                    "frameworks": [k3[0]["framework"], k2[0]["framework"]]}
+            for model in args.models.split(","):
+                k3m, k2m = combine(k3, model), combine(k2, model)
+                nbytes = k3[0]["models"][model]["grad_bytes"]
+                link[model] = check_link(rate_name, nominal, nbytes, k3m["link"]["median_ms"]) if not args.quick \
+                    else {"allreduce_mbit_s": nbytes * 8 / k3m["link"]["median_ms"] * 1e-3}
+                results["models"].setdefault(model, {})[rate_name] = summarize(k3m, k2m, nbytes)
+                s = results["models"][model][rate_name]
+                print(f"[{rate_name}] {model}: t_local {s['t_local_ms']:.0f} ms (forward {s['t_forward_ms']:.0f}), "
+                      f"t_comm {s['t_comm_ms']:.0f} ms "
+                      f"(fp16 {s['t_comm_fp16_ms']:.0f}), link allreduce {link[model]['allreduce_mbit_s']:.0f} "
+                      "Mbit/s; " + ", ".join(f"{v} {d['step_ms']:.0f} ms (overlap {d['overlap']:.2f}, eff "
+                                             f"{d['scaling_efficiency']:.2f})" for v, d in s["variants"].items()),
+                      flush=True)
+            results["links"][rate_name] = link
+    except LinkError as e:
+        print(f"network_benchmark.py: {e}", file=sys.stderr)
+        return 3
+    finally:
+        lab.stop()
+        shutil.rmtree(tmp, ignore_errors=True)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "network_benchmark.json").write_text(json.dumps(results, indent=1))
+    plot(results, args.out / "network_benchmark.png")
+    print(f"wrote {args.out / 'network_benchmark.json'} and {args.out / 'network_benchmark.png'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

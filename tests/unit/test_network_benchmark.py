@@ -1,0 +1,50 @@
+"""The network benchmark's own arithmetic and its refusal to report a link that is not what it asked for."""
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+PATH = Path(__file__).resolve().parents[2] / "benchmarks" / "network_benchmark.py"
+spec = importlib.util.spec_from_file_location("network_benchmark", PATH)
+nb = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(nb)
+
+
+@pytest.mark.parametrize("text, bits", [("1gbit", 1e9), ("200mbit", 2e8), ("50mbit", 5e7), ("2.5Mbit", 2.5e6),
+                                        ("500kbit", 5e5)])
+def test_rates_are_read_as_tc_writes_them(text, bits):
+    assert nb.parse_rate(text) == bits
+
+
+@pytest.mark.parametrize("text", ["fast", "100", "100mb", "-1mbit"])
+def test_a_bad_rate_says_what_was_received(text):
+    with pytest.raises(Exception, match=f"kbit, mbit or gbit.*Received: {text!r}"):
+        nb.parse_rate(text)
+
+
+def test_a_link_is_reported_only_when_it_runs_near_the_nominal_rate():
+    # 2.5 MB at 200 Mbit/s is 100 ms once each way on a 2-worker ring.
+    ok = nb.check_link("200mbit", 2e8, 2_500_000, 110.0)
+    assert ok["allreduce_mbit_s"] == pytest.approx(181.8, rel=1e-3)
+    with pytest.raises(nb.LinkError, match=r"asked for 200mbit, but .* 1000 Mbit/s \(5.00x"):
+        nb.check_link("200mbit", 2e8, 2_500_000, 20.0)  # shaping not in effect
+    with pytest.raises(nb.LinkError, match=r"0.20x the nominal rate"):
+        nb.check_link("200mbit", 2e8, 2_500_000, 500.0)  # something else is the limit
+
+
+def test_overlap_and_efficiency_follow_their_definitions():
+    d = nb.derive(t_step=120.0, t_local=100.0, t_comm=50.0)
+    assert d["no_overlap_ms"] == 150.0 and d["perfect_overlap_ms"] == 100.0
+    assert d["overlap"] == pytest.approx(0.6)  # 30 of the 50 ms of communication hidden
+    assert d["scaling_efficiency"] == pytest.approx(100 / 120)
+    assert nb.derive(150.0, 100.0, 50.0)["overlap"] == pytest.approx(0.0)
+    assert nb.derive(100.0, 100.0, 50.0)["overlap"] == pytest.approx(1.0)
+
+
+def test_rounds_take_the_slower_rank_then_the_median():
+    ranks = [{"models": {"m": {"rounds_s": {"v": [0.10, 0.30, 0.20]}}}},
+             {"models": {"m": {"rounds_s": {"v": [0.12, 0.25, 0.21]}}}}]
+    out = nb.combine(ranks, "m")["v"]
+    assert out["rounds_ms"] == pytest.approx([120, 300, 210])
+    assert out["median_ms"] == pytest.approx(210) and out["min_ms"] == pytest.approx(120)
