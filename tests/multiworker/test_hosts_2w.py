@@ -53,6 +53,8 @@ def test_ssh_less_run_on_each_host_forms_one_job(hosts, tmp_path, kind):
     if kind == "init":  # one worker per host: each is alone on its host, and two hosts cross
         assert [reports[r]["local_rank"] for r in (0, 1)] == [0, 0]
         assert [reports[r]["cross_size"] for r in (0, 1)] == [2, 2]
+        # Across hosts hvdkeras sets Horovod's cycle time to 5 ms (unless set).
+        assert [reports[r]["horovod_cycle_time"] for r in (0, 1)] == ["5", "5"]
     assert hosts.processes() == {"hosta": [], "hostb": []}
 
 

@@ -118,3 +118,14 @@ def test_single_worker_collectives(hvd):
     np.testing.assert_allclose(v.numpy(), [1.0, 2.0])
     with pytest.raises(TypeError, match="keras.Variable or tf.Variable"):
         hvd.broadcast_variables([np.zeros(2)])
+
+
+@pytest.mark.parametrize("environ, expected", [
+    ({"HOROVOD_CROSS_SIZE": "2"}, {"HOROVOD_CYCLE_TIME": "5"}),   # across hosts
+    ({"HOROVOD_CROSS_SIZE": "1"}, {}),                            # one host: Horovod's 1 ms
+    ({}, {}),
+    ({"HOROVOD_CROSS_SIZE": "4", "HOROVOD_CYCLE_TIME": "0.5"}, {}),  # the user's (or horovodrun's) value stays
+    ({"HOROVOD_CROSS_SIZE": "x"}, {}),
+])
+def test_horovod_cycle_time_is_5_ms_only_across_hosts_and_only_when_unset(environ, expected):
+    assert basics.horovod_defaults(environ) == expected

@@ -51,4 +51,5 @@ model.fit(train, epochs=args.epochs, verbose=2 if hvd.rank() == 0 else 0,
 os.makedirs(args.report_dir, exist_ok=True)
 with open(os.path.join(args.report_dir, f"rank{hvd.rank()}.json"), "w") as f:
     json.dump({"rank": hvd.rank(), "size": hvd.size(), "local_rank": hvd.local_rank(), "cross_size": hvd.cross_size(),
+               "horovod_cycle_time": os.environ.get("HOROVOD_CYCLE_TIME"),
                "fit_steps": [CountSteps.steps], "weights_sha256": weights_digest(model.get_weights())}, f)
