@@ -90,7 +90,7 @@ def _check_groups(groups: Any) -> Any:
 # Gradients are reduced in buckets of about this many bytes, in the order the backward pass produces them, so
 # the first buckets travel while the rest of the backward pass still runs. Chosen by measurement on two hosts
 # over a shaped link (benchmarks/network_benchmark.py; README, "Training over a network").
-DEFAULT_BUCKET_BYTES = 256 << 10
+DEFAULT_BUCKET_BYTES = 64 << 10
 BUCKET_BYTES_ENV = "HVDKERAS_BUCKET_BYTES"
 
 
@@ -169,10 +169,11 @@ def _wants_loss_scaling(optimizer: Any) -> bool:
 class DistributedOptimizer(keras.optimizers.Optimizer):
     """Wraps a Keras 3 optimizer so gradients are averaged across all workers before every update.
 
-    Each worker computes gradients on its own shard of the global batch; `apply` all-reduces them (one fused
-    allreduce per dtype for all dense gradients, allgather for sparse ones) and hands the result to the
-    inner optimizer, so all model copies stay identical and N workers train like one worker on N times the
-    batch.
+    Each worker computes gradients on its own shard of the global batch; `apply` all-reduces them (dense
+    gradients in buckets of `bucket_bytes`, one fused allreduce per bucket and dtype, in the order the
+    backward pass produces them, so communication overlaps the rest of the backward pass; sparse ones are
+    allgathered) and hands the result to the inner optimizer, so all model copies stay identical and N
+    workers train like one worker on N times the batch.
 
     Mixed precision: when `optimizer` is a `LossScaleOptimizer`, or the global dtype policy is
     `mixed_float16` (in which case the optimizer is wrapped in a `LossScaleOptimizer` here, as `compile`
@@ -208,7 +209,7 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
             the order the backward pass produces them (the last layers first): each bucket is one fused
             allreduce that starts as soon as its gradients exist, while the backward pass computes the
             rest. 0: one fused allreduce for all of them. None (default): $HVDKERAS_BUCKET_BYTES if set,
-            else DEFAULT_BUCKET_BYTES (256 KiB).
+            else DEFAULT_BUCKET_BYTES (64 KiB).
 
     The parameters up to `scale_local_gradients` are Horovod's, in Horovod's order and with its defaults.
 

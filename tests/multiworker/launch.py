@@ -78,7 +78,7 @@ def base_env(out_dir: Path, extra: dict | None = None) -> dict:
         OMP_NUM_THREADS="1",
         # A worker hit by SIGABRT (see dump_and_kill) prints all its threads' stacks.
         PYTHONFAULTHANDLER="1",
-        # Buckets of 256 bytes: the test models are small, and with the default (256 KiB) each would be reduced
+        # Buckets of 256 bytes: the test models are small, and with the default (64 KiB) each would be reduced
         # in one allreduce; this way every 2-worker test also runs the bucketed, overlapped reduction.
         HVDKERAS_BUCKET_BYTES="256",
     )

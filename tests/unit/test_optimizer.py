@@ -402,7 +402,7 @@ def test_gradients_are_reduced_in_buckets_in_backward_order(monkeypatch):
     assert [len(shapes) for _, shapes in seam.calls] == [6]
     seam.calls.clear()
     DistributedOptimizer(keras.optimizers.SGD(0.1)).reduce_gradients(grads, model.trainable_variables)
-    assert len(seam.calls) == 1, "the default (256 KiB) holds this whole model in one bucket"
+    assert len(seam.calls) == 1, "the default (64 KiB) holds this whole model in one bucket"
     monkeypatch.setenv("HVDKERAS_BUCKET_BYTES", "1")
     seam.calls.clear()
     opt = DistributedOptimizer(keras.optimizers.SGD(0.1))
