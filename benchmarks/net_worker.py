@@ -4,8 +4,8 @@
 
 The job forms from the torchrun-style variables the driver sets (RANK, WORLD_SIZE, MASTER_ADDR, ...), through
 hvdkeras's rendezvous, for both kinds. Every variant of every model is built once, warmed up, then timed
-in R interleaved rounds of S steps; a round's figure is the median of its step intervals. Each rank writes
-OUT_JSON.rankN.
+in R interleaved rounds of S steps; a round's figures are the median of its step intervals and the process's
+CPU seconds per step (all threads). Each rank writes OUT_JSON.rankN.
 
 keras3: local (plain optimizer, no communication), forward (the forward pass and loss alone), comm / comm_fp16
         (the gradients' grouped allreduce alone), link (one allreduce of the same bytes in one tensor),
@@ -68,21 +68,23 @@ def step_timer(keras):
     class Intervals(keras.callbacks.Callback):
         def __init__(self):
             super().__init__()
-            self.ends = []
+            self.ends, self.cpu = [], []
 
         def on_train_batch_end(self, batch, logs=None):
             self.ends.append(time.perf_counter())
+            self.cpu.append(time.process_time())
 
     return Intervals()
 
 
 def fit_runner(keras, model, data, barrier):
-    """A function that runs `steps` fit steps and returns the median step interval in seconds."""
+    """A function that runs `steps` fit steps; returns the median step interval and the process's CPU
+    seconds per step (all its threads: TensorFlow's and Horovod's), both after the first step."""
     def run(steps):
         barrier()
         timer = step_timer(keras)
         model.fit(data, steps_per_epoch=steps + 1, epochs=1, verbose=0, callbacks=[timer])
-        return statistics.median(np.diff(timer.ends))
+        return statistics.median(np.diff(timer.ends)), (timer.cpu[-1] - timer.cpu[0]) / steps
 
     return run
 
@@ -90,23 +92,27 @@ def fit_runner(keras, model, data, barrier):
 def loop_runner(step_fn, barrier):
     def run(steps):
         barrier()
-        ends = []
+        ends, cpu = [], []
         for _ in range(steps + 1):
             step_fn()
             ends.append(time.perf_counter())
-        return statistics.median(np.diff(ends))
+            cpu.append(time.process_time())
+        return statistics.median(np.diff(ends)), (cpu[-1] - cpu[0]) / steps
 
     return run
 
 
-def measure(runners: dict, steps: int, rounds: int, warmup: int) -> dict:
+def measure(runners: dict, steps: int, rounds: int, warmup: int) -> tuple[dict, dict]:
     for run in runners.values():
         run(warmup)
-    per_round = {name: [] for name in runners}
+    wall = {name: [] for name in runners}
+    cpu = {name: [] for name in runners}
     for _ in range(rounds):
         for name, run in runners.items():
-            per_round[name].append(run(steps))
-    return per_round
+            w, c = run(steps)
+            wall[name].append(w)
+            cpu[name].append(c)
+    return wall, cpu
 
 
 def keras3_runners(model_name, rank, sweep):
@@ -240,8 +246,8 @@ def main():
               "models": {}}
     for name in args.models.split(","):
         runners, nbytes = build(name, rank, [int(b) for b in args.sweep.split(",") if b])
-        rounds = measure(runners, args.steps, args.rounds, args.warmup)
-        result["models"][name] = {"grad_bytes": nbytes, "rounds_s": rounds}
+        wall, cpu = measure(runners, args.steps, args.rounds, args.warmup)
+        result["models"][name] = {"grad_bytes": nbytes, "rounds_s": wall, "cpu_rounds_s": cpu}
     path = f"{args.out}.rank{rank}"
     with open(path + ".tmp", "w") as f:
         json.dump(result, f, indent=1)

@@ -18,7 +18,8 @@ link with tc tbf in both directions). Nothing leaves the machine. For each link 
   overlap = (t_local + t_comm - t_step) / min(t_local, t_comm); scaling efficiency = t_local / t_step.
 
 Every variant is timed in interleaved rounds inside the same two processes; figures are medians over the
-rounds of each round's median step, with the spread (min-max over rounds). Writes network_benchmark.json and
+rounds of each round's median step, with the spread (min-max over rounds), and each variant's CPU time per
+step and worker (all threads). Writes network_benchmark.json and
 network_benchmark.png to --out.
 """
 
@@ -131,9 +132,12 @@ def combine(ranks: list[dict], model: str) -> dict:
     for variant in ranks[0]["models"][model]["rounds_s"]:
         per_round = [max(r["models"][model]["rounds_s"][variant][i] for r in ranks)
                      for i in range(len(ranks[0]["models"][model]["rounds_s"][variant]))]
+        cpu = [statistics.mean(r["models"][model]["cpu_rounds_s"][variant][i] for r in ranks)
+               for i in range(len(per_round))] if "cpu_rounds_s" in ranks[0]["models"][model] else [0.0]
         rounds[variant] = {"median_ms": statistics.median(per_round) * 1e3,
                            "min_ms": min(per_round) * 1e3, "max_ms": max(per_round) * 1e3,
-                           "rounds_ms": [t * 1e3 for t in per_round]}
+                           "rounds_ms": [t * 1e3 for t in per_round],
+                           "cpu_ms": statistics.median(cpu) * 1e3}
     return rounds
 
 
@@ -158,8 +162,13 @@ def summarize(k3: dict, k2: dict, nbytes: int) -> dict:
     for v in (*KERAS3_VARIANTS, *sorted((k for k in k3 if k.startswith("hvdkeras_b")), key=lambda k: int(k[10:]))):
         out["variants"][v] = derive(k3[v]["median_ms"], t_local, t_comm16 if v == "hvdkeras_fp16" else t_comm)
         out["variants"][v]["spread_ms"] = [k3[v]["min_ms"], k3[v]["max_ms"]]
+        out["variants"][v]["cpu_ms"] = k3[v]["cpu_ms"]
     out["variants"]["horovod_keras2"] = derive(k2["horovod_keras2"]["median_ms"], k2["local"]["median_ms"], t_comm)
     out["variants"]["horovod_keras2"]["spread_ms"] = [k2["horovod_keras2"]["min_ms"], k2["horovod_keras2"]["max_ms"]]
+    out["variants"]["horovod_keras2"]["cpu_ms"] = k2["horovod_keras2"]["cpu_ms"]
+    # CPU per step and worker (all threads): the local step's, and the allreduce's alone. One core per worker:
+    # communication that needs CPU takes it from the backward pass it should hide behind.
+    out["cpu_local_ms"], out["cpu_comm_ms"] = k3["local"]["cpu_ms"], k3["comm"]["cpu_ms"]
     return out
 
 
@@ -282,7 +291,7 @@ def main(argv=None) -> int:
                 print(f"[{rate_name}] {model}: t_local {s['t_local_ms']:.0f} ms (forward {s['t_forward_ms']:.0f}), "
                       f"t_comm {s['t_comm_ms']:.0f} ms "
                       f"(fp16 {s['t_comm_fp16_ms']:.0f}), link allreduce {link[model]['allreduce_mbit_s']:.0f} "
-                      "Mbit/s; " + ", ".join(f"{v} {d['step_ms']:.0f} ms (overlap {d['overlap']:.2f}, eff "
+                      f"Mbit/s, CPU per step local {s['cpu_local_ms']:.0f} ms, comm {s['cpu_comm_ms']:.0f} ms; " + ", ".join(f"{v} {d['step_ms']:.0f} ms (overlap {d['overlap']:.2f}, eff "
                                              f"{d['scaling_efficiency']:.2f})" for v, d in s["variants"].items()),
                       flush=True)
             results["links"][rate_name] = link

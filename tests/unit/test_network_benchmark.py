@@ -43,8 +43,9 @@ def test_overlap_and_efficiency_follow_their_definitions():
 
 
 def test_rounds_take_the_slower_rank_then_the_median():
-    ranks = [{"models": {"m": {"rounds_s": {"v": [0.10, 0.30, 0.20]}}}},
-             {"models": {"m": {"rounds_s": {"v": [0.12, 0.25, 0.21]}}}}]
+    ranks = [{"models": {"m": {"rounds_s": {"v": [0.10, 0.30, 0.20]}, "cpu_rounds_s": {"v": [0.1, 0.2, 0.3]}}}},
+             {"models": {"m": {"rounds_s": {"v": [0.12, 0.25, 0.21]}, "cpu_rounds_s": {"v": [0.3, 0.2, 0.1]}}}}]
     out = nb.combine(ranks, "m")["v"]
     assert out["rounds_ms"] == pytest.approx([120, 300, 210])
     assert out["median_ms"] == pytest.approx(210) and out["min_ms"] == pytest.approx(120)
+    assert out["cpu_ms"] == pytest.approx(200)  # the ranks' mean per round, then the median
