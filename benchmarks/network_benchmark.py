@@ -153,7 +153,8 @@ def summarize(k3: dict, k2: dict, nbytes: int) -> dict:
     t_forward = k3["forward"]["median_ms"]
     out = {"grad_bytes": nbytes, "t_local_ms": t_local, "t_comm_ms": t_comm, "t_comm_fp16_ms": t_comm16,
            "t_forward_ms": t_forward,
-           # No gradient exists before the forward pass ends, so no step that communicates them can be shorter.
+           # No gradient exists before the forward pass ends: an estimate of the best step when communication is
+           # the longer part (from parts measured apart, so a step can come out a little under it).
            "after_forward_bound_ms": max(t_local, t_forward + t_comm),
            "fp16_comm_cut": t_comm / t_comm16, "t_link_ms": k3["link"]["median_ms"],
            "t_local_keras2_ms": k2["local"]["median_ms"],
