@@ -2,7 +2,8 @@
 
     bench_worker.py MODE OUT_JSON [--quick]
 
-MODE: overhead-hvdkeras | overhead-raw | overhead-keras2 | scaling | gradpath
+MODE: overhead-hvdkeras | overhead-raw | overhead-keras2 | scaling | gradpath | idle, or several joined by "+"
+(one launch; the result is then {mode: result})
 Rank 0 writes the result to OUT_JSON. Timings: warm-up first, then repetitions, medians.
 """
 
@@ -260,6 +261,12 @@ MODES = {
     "scaling-plain": lambda: scaling(plain=True),
     "gradpath": gradpath,
 }
-rank, result = MODES[MODE]()
+if "+" in MODE:
+    # Several modes in one launch (run_benchmarks.py --quick): {mode: result}.
+    result = {}
+    for mode in MODE.split("+"):
+        rank, result[mode] = MODES[mode]()
+else:
+    rank, result = MODES[MODE]()
 if rank == 0:
     write(result)

@@ -292,8 +292,9 @@ def main(argv=None) -> int:
                 print(f"[{rate_name}] {model}: t_local {s['t_local_ms']:.0f} ms (forward {s['t_forward_ms']:.0f}), "
                       f"t_comm {s['t_comm_ms']:.0f} ms "
                       f"(fp16 {s['t_comm_fp16_ms']:.0f}), link allreduce {link[model]['allreduce_mbit_s']:.0f} "
-                      f"Mbit/s, CPU per step local {s['cpu_local_ms']:.0f} ms, comm {s['cpu_comm_ms']:.0f} ms; " + ", ".join(f"{v} {d['step_ms']:.0f} ms (overlap {d['overlap']:.2f}, eff "
-                                             f"{d['scaling_efficiency']:.2f})" for v, d in s["variants"].items()),
+                      f"Mbit/s, CPU per step local {s['cpu_local_ms']:.0f} ms, comm {s['cpu_comm_ms']:.0f} ms; "
+                      + ", ".join(f"{v} {d['step_ms']:.0f} ms (overlap {d['overlap']:.2f}, eff "
+                                  f"{d['scaling_efficiency']:.2f})" for v, d in s["variants"].items()),
                       flush=True)
             results["links"][rate_name] = link
     except LinkError as e:
