@@ -89,8 +89,9 @@ def test_plain_rank_world_size_variables_form_one_job(tmp_path, kind):
 
 # ------------------------------------------------------------------------------------------ bad input
 BOUND = 10  # HVDKERAS_RENDEZVOUS_TIMEOUT in these tests (the default is 60)
-# Starting TensorFlow takes 5-20 s here when several processes start at once; that is not the bound's.
-SLACK = 45
+# Starting TensorFlow in the 11 processes of these cases at once on 2 cores took 39-47 s of the 49-57 s
+# measured; that is not the bound's.
+SLACK = 90
 ONE_STEP = [sys.executable, "-c", "import hvdkeras as hvd; hvd.init(); print('size', hvd.size())"]
 # Registers at the rendezvous like a worker, then dies before Horovod connects the workers.
 DIES_AFTER_REGISTERING = [sys.executable, "-c", "import os, hvdkeras.launching as L, hvdkeras.rendezvous as R; "
