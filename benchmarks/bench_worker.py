@@ -15,6 +15,7 @@ import time
 
 import numpy as np
 import tensorflow as tf
+from peer_loops import horovod_tape_step
 
 MODE, OUT = sys.argv[1], sys.argv[2]
 QUICK = "--quick" in sys.argv
@@ -98,17 +99,7 @@ def overhead_raw():
     hvd.broadcast_variables([v.value for v in model.variables], root_rank=0)
     x, y = synthetic()
     it = iter(tf.data.Dataset.from_tensor_slices((x, y)).repeat().batch(BATCH).prefetch(2))
-
-    @tf.function
-    def step(batch):
-        xb, yb = batch
-        with tf.GradientTape() as tape:
-            loss = loss_fn(yb, model(xb, training=True))
-        tape = hvd.DistributedGradientTape(tape)
-        # Horovod's tape calls .ref() on its sources: give it the tf.Variables inside the Keras 3 ones.
-        grads = tape.gradient(loss, [v.value for v in model.trainable_variables])
-        opt.apply_gradients(zip(grads, model.trainable_variables))
-        return loss
+    step = horovod_tape_step(model, opt, loss_fn)
 
     times = []
     for _ in range(REPS + 1):

@@ -22,6 +22,7 @@ import time
 
 import numpy as np
 import tensorflow as tf
+from peer_loops import horovod_tape_step
 
 # One compute thread per worker, set before any op runs.
 tf.config.threading.set_intra_op_parallelism_threads(1)
@@ -167,19 +168,8 @@ def keras3_runners(model_name, rank, sweep):
     opt = keras.optimizers.SGD(0.001)
     opt.build(m.trainable_variables)
     it = iter(data)
-
-    @tf.function
-    def tape_step():
-        xb, yb = next(it)
-        with tf.GradientTape() as tape:
-            value = loss(yb, m(xb, training=True))
-        tape = htf.DistributedGradientTape(tape)
-        # Horovod's tape calls .ref() on its sources: the tf.Variables inside the Keras 3 ones.
-        g = tape.gradient(value, [v.value for v in m.trainable_variables])
-        opt.apply_gradients(zip(g, m.trainable_variables))
-        return value
-
-    runners["horovod_tape"] = loop_runner(lambda: float(tape_step()), barrier)
+    tape_step = horovod_tape_step(m, opt, loss)
+    runners["horovod_tape"] = loop_runner(lambda: float(tape_step(next(it))), barrier)
     return runners, nbytes
 
 
@@ -217,15 +207,16 @@ def main():
     parser.add_argument("--sweep", default="", help="more bucket sizes to time (keras3), comma-separated bytes")
     args = parser.parse_args()
 
-    # Both kinds form the job through hvdkeras's rendezvous from the launcher's variables.
+    # Both kinds form the job through hvdkeras's rendezvous from the launcher's variables: hvdkeras.init()
+    # does it itself; for Horovod's tf-keras integration it is done here, and Horovod then starts with its
+    # own defaults (HOROVOD_CYCLE_TIME 1 ms).
     from hvdkeras import launching, rendezvous
 
     launch = launching.detect(os.environ)
-    formed = rendezvous.form(launch)
     if args.kind == "keras2":
         import horovod.tensorflow.keras as hvdk
 
-        with rendezvous.init_watchdog(formed):
+        with rendezvous.init_watchdog(rendezvous.form(launch)):
             hvdk.init()
         rank, size = hvdk.rank(), hvdk.size()
         import tf_keras
