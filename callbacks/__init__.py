@@ -1,4 +1,11 @@
-"""Keras callbacks for data-parallel training (imported as `hvdkeras.callbacks`).
+"""Keras callbacks for data-parallel training, imported as `hvdkeras.callbacks`.
+
+This folder sits at the top of the repository, beside `hvdkeras/`, but is installed as the subpackage
+`hvdkeras.callbacks`: setup.cfg maps it with `package_dir` (`hvdkeras.callbacks = callbacks`), so an
+installed hvdkeras (editable or not) has no top-level `callbacks` package, and these modules import the
+rest of hvdkeras as `hvdkeras.*`. One module per concern: `broadcast` (identical weights before step 1),
+`metrics` (exact global metrics), `learning_rate` (warm-up and schedules), `rank_zero` (files and
+progress on rank 0 only).
 
 Example:
     >>> callbacks = [

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import keras
 
-from hvdkeras import saving
+from hvdkeras import rank_zero
 from hvdkeras.optimizer import ensure_not_jit_compiled
 
 
@@ -22,6 +22,6 @@ class HvdCallback(keras.callbacks.Callback):
         ensure_not_jit_compiled(model)
 
     def set_params(self, params):
-        if params and "verbose" in params and not saving.is_rank_zero():
+        if params and "verbose" in params and not rank_zero.is_rank_zero():
             params["verbose"] = 0
         super().set_params(params)

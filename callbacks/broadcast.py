@@ -5,6 +5,7 @@ from __future__ import annotations
 import tensorflow as tf
 
 from hvdkeras import basics
+from hvdkeras._checks import check_int
 from hvdkeras.optimizer import var_id
 
 from ._base import HvdCallback
@@ -89,8 +90,7 @@ class BroadcastGlobalVariablesCallback(HvdCallback):
 
     def __init__(self, root_rank: int = 0, device: str = "", local_variables=None, check_models: bool | None = None):
         super().__init__()
-        if isinstance(root_rank, bool) or not isinstance(root_rank, int) or root_rank < 0:
-            raise ValueError(f"`root_rank` must be an integer >= 0. Received: root_rank={root_rank!r}")
+        check_int("root_rank", root_rank, 0)
         self.root_rank = root_rank
         self.device = device
         self.local_variables = list(local_variables or [])

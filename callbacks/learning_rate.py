@@ -8,7 +8,8 @@ from typing import Callable
 import keras
 
 from hvdkeras import _collectives as C
-from hvdkeras import saving
+from hvdkeras import rank_zero
+from hvdkeras._checks import check_int
 from hvdkeras.learning_rate import check_learning_rate
 from hvdkeras.optimizer import unwrap
 
@@ -65,12 +66,7 @@ class LearningRateScheduleCallback(HvdCallback):
                     "`end_epoch` must be greater than `start_epoch`. "
                     f"Received: start_epoch={start_epoch}, end_epoch={end_epoch}"
                 )
-        if steps_per_epoch is not None and (
-            isinstance(steps_per_epoch, bool) or not isinstance(steps_per_epoch, int) or steps_per_epoch < 1
-        ):
-            raise ValueError(
-                f"`steps_per_epoch` must be an integer >= 1 or None. Received: steps_per_epoch={steps_per_epoch!r}"
-            )
+        check_int("steps_per_epoch", steps_per_epoch, allow_none=True)
         self.multiplier = multiplier if callable(multiplier) else (lambda epoch, m=float(multiplier): m)
         self.start_epoch = start_epoch
         self.end_epoch = end_epoch
@@ -171,5 +167,5 @@ class LearningRateWarmupCallback(LearningRateScheduleCallback):
             self._set_lr(self.initial_lr)
             if self.verbose:
                 message = f"\nEpoch {epoch + 1}: finished learning rate warm-up to {self.initial_lr:g}."
-                saving.on_rank_zero(print, message, wait=False)
+                rank_zero.on_rank_zero(print, message, wait=False)
         super().on_epoch_end(epoch, logs)

@@ -9,7 +9,7 @@ from typing import Any
 import keras
 
 from hvdkeras import _collectives as C
-from hvdkeras import saving
+from hvdkeras import rank_zero, saving
 
 from ._base import HvdCallback
 from .broadcast import broadcast_model
@@ -23,9 +23,9 @@ _HOOKS = [
 
 def _alone_on_rank_zero(fn, *args, **kwargs):
     """Calls `fn` on rank 0 only, marked solo: the other ranks are not there to wait with it."""
-    if not saving.is_rank_zero():
+    if not rank_zero.is_rank_zero():
         return None
-    with saving.solo():
+    with rank_zero.solo():
         return fn(*args, **kwargs)
 
 
@@ -64,7 +64,7 @@ def _forward(name):
     def hook(self, *args, **kwargs):
         result = _alone_on_rank_zero(getattr(self.callback, name), *args, **kwargs)
         if self.wait and name in _WAIT_HOOKS:
-            saving.barrier()
+            rank_zero.barrier()
         return result
 
     hook.__name__ = name
@@ -153,7 +153,7 @@ class BackupAndRestore(keras.callbacks.BackupAndRestore):
     """
 
     def on_train_begin(self, logs=None):
-        if saving.is_rank_zero():
+        if rank_zero.is_rank_zero():
             super().on_train_begin(logs)
         if C.is_initialized() and C.size() > 1:
             epoch = C.broadcast_object(getattr(self.model, "_initial_epoch", None), root_rank=0)
@@ -179,6 +179,6 @@ class BackupAndRestore(keras.callbacks.BackupAndRestore):
 
     def on_train_end(self, logs=None):
         # Everyone is past the last epoch before rank 0 removes the backup.
-        saving.barrier()
-        if saving.is_rank_zero():
+        rank_zero.barrier()
+        if rank_zero.is_rank_zero():
             super().on_train_end(logs)

@@ -21,9 +21,6 @@ REDUCE_OPS = {Average: "Average", Sum: "Sum"}
 ProcessSet = _hvd.ProcessSet
 global_process_set = _hvd.global_process_set
 
-_call_counter: tf.Variable | None = None
-
-
 def _require_init() -> None:
     if not _hvd.is_initialized():
         raise RuntimeError(
@@ -90,24 +87,6 @@ def size_tensor(process_set: Any = global_process_set) -> tf.Tensor:
     return _hvd.size_op(process_set_id=process_set.process_set_id)
 
 
-def _counter() -> tf.Variable:
-    # Created outside any tf.function (init_scope), once, so it can be bumped from inside traced steps.
-    global _call_counter
-    if _call_counter is None:
-        with tf.init_scope():
-            _call_counter = tf.Variable(0, dtype=tf.int64, trainable=False, name="hvdkeras_reductions")
-    return _call_counter
-
-
-def _count() -> None:
-    _counter().assign_add(1)
-
-
-def reduction_count() -> int:
-    """Number of gradient/metric reduction calls executed so far in this process (fused calls count once)."""
-    return int(_counter().numpy())
-
-
 def grouped_allreduce(
     tensors: Sequence[tf.Tensor],
     op: int = Average,
@@ -123,7 +102,6 @@ def grouped_allreduce(
     and the job hangs; hvdkeras always passes a name that depends only on the call site.
     """
     _require_init()
-    _count()
     return list(
         _hvd.grouped_allreduce(
             list(tensors),
@@ -146,7 +124,6 @@ def allreduce(
     process_set: Any = global_process_set,
 ) -> tf.Tensor:
     _require_init()
-    _count()
     return _hvd.allreduce(
         tensor,
         op=op,
@@ -161,13 +138,11 @@ def allreduce(
 def reducescatter(tensor: tf.Tensor, op: int = Average, name: str | None = None,
                   process_set: Any = global_process_set) -> tf.Tensor:
     _require_init()
-    _count()
     return _hvd.reducescatter(tensor, op=op, name=name, ignore_name_scope=name is not None, process_set=process_set)
 
 
 def allgather(tensor: tf.Tensor, name: str | None = None, process_set: Any = global_process_set) -> tf.Tensor:
     _require_init()
-    _count()
     return _hvd.allgather(tensor, name=name, ignore_name_scope=name is not None, process_set=process_set)
 
 

@@ -12,7 +12,7 @@ import tensorflow as tf
 
 from hvdkeras import _collectives as C
 from hvdkeras import compression as _compression
-from hvdkeras import launching, rendezvous
+from hvdkeras import launching, patches, rendezvous, sync_batch_norm
 
 log = logging.getLogger("hvdkeras")
 
@@ -103,21 +103,24 @@ def init(comm: Any = None, process_sets: Any = None, pin_gpus: bool = True) -> N
         else:
             _start_horovod(comm, process_sets)
     if launch is not None and C.size() != launch.size:
-        raise rendezvous.RendezvousError(
+        raise rendezvous.RendezvousSizeError(
             f"{launch.launcher} started {launch.size} processes ({', '.join(launch.variables)}), but Horovod "
             f"formed a job of size {C.size()}: this process would train alone. Horovod was initialized before "
             "hvdkeras.init() (by horovod.tensorflow.init() or another library): call hvdkeras.init() first, or "
             "launch with horovodrun / `hvdkeras run`. To run every process alone on purpose, set "
             "HVDKERAS_LAUNCHER=none."
         )
+    sync_batch_norm.install()
     if pin_gpus:
         pin_gpu(C.local_rank())
 
 
 def shutdown() -> None:
-    """Shuts Horovod down (and rank 0's rendezvous, where hvdkeras formed the job)."""
+    """Shuts Horovod down (and rank 0's rendezvous, where hvdkeras formed the job), and undoes the Keras
+    patch that `init()` installed."""
     C.shutdown()
     rendezvous.stop()
+    patches.uninstall("sync_batch_norm")
 
 
 # Horovod's own functions and objects, unchanged.

@@ -15,7 +15,8 @@ import tensorflow as tf
 from tensorflow.core.framework import graph_pb2
 
 from hvdkeras import _collectives as C
-from hvdkeras import saving
+from hvdkeras import rank_zero
+from hvdkeras._checks import check_int
 
 log = logging.getLogger("hvdkeras")
 
@@ -38,19 +39,10 @@ def _as_dataset(data: Any) -> tf.data.Dataset:
     )
 
 
-def _check_int(name: str, value: Any, low: int, high: int | None = None) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        raise ValueError(f"`{name}` must be an integer. Received: {name}={value!r}")
-    if value < low or (high is not None and value >= high):
-        bounds = f">= {low}" if high is None else f"in [{low}, {high})"
-        raise ValueError(f"`{name}` must be {bounds}. Received: {name}={value!r}")
-    return int(value)
-
-
 def _shard_position(num_shards: int | None, index: int | None) -> tuple[int, int]:
     """num_shards and index, defaulting to this job's size() and rank(), validated."""
-    num_shards = _check_int("num_shards", C.size() if num_shards is None else num_shards, 1)
-    return num_shards, _check_int("index", C.rank() if index is None else index, 0, num_shards)
+    num_shards = check_int("num_shards", C.size() if num_shards is None else num_shards)
+    return num_shards, check_int("index", C.rank() if index is None else index, 0, maximum=num_shards)
 
 
 def split_sizes(n: int, num_shards: int) -> tuple[int, int]:
@@ -88,7 +80,7 @@ def shard_arrays(
         raise ValueError(
             f"shard_arrays() needs at least one row per shard. Received: {n} rows for num_shards={num_shards}"
         )
-    if dropped and saving.is_rank_zero():
+    if dropped and rank_zero.is_rank_zero():
         log.warning("hvdkeras.data.shard_arrays: dropped %d of %d rows so each of %d workers gets %d.",
                     dropped, n, num_shards, per_shard)
     return keras.tree.map_structure(
@@ -278,7 +270,7 @@ def shard(
             f"fewer {what} than workers. Received: a dataset of {total} elements for num_shards={num_shards}"
             + (" (policy='file' splits by file: write at least one file per worker)" if by_file else "")
         )
-    if dropped and saving.is_rank_zero():
+    if dropped and rank_zero.is_rank_zero():
         log.warning(
             "hvdkeras.data.shard: dropped %d of %d %s so each of %d workers gets %d (equal steps).",
             dropped, total, "elements (batches, if the dataset was batched)", num_shards, per_shard,

@@ -27,6 +27,7 @@ import tensorflow as tf
 
 from hvdkeras import _collectives as C
 from hvdkeras import basics
+from hvdkeras._checks import check_int
 from hvdkeras.learning_rate import scale_factor
 from hvdkeras.optimizer import unwrap
 
@@ -135,10 +136,7 @@ class CommitStateCallback(keras.callbacks.Callback):
 
     def __init__(self, state: KerasState, batches_per_commit: int = 1):
         super().__init__()
-        if isinstance(batches_per_commit, bool) or not isinstance(batches_per_commit, int) or batches_per_commit < 1:
-            raise ValueError(
-                f"`batches_per_commit` must be an integer >= 1. Received: batches_per_commit={batches_per_commit!r}"
-            )
+        check_int("batches_per_commit", batches_per_commit)
         self.state = state
         self.batches_per_commit = batches_per_commit
         self._since = 0

@@ -24,6 +24,8 @@ import itertools
 import re
 from typing import Mapping
 
+from hvdkeras._checks import env_int
+
 LOOPBACK = "127.0.0.1"
 # How long a worker may stop answering before the others give up (Horovod's Gloo timeout,
 # HVDKERAS_STALL_TIMEOUT / `hvdkeras run --stall-timeout`).
@@ -68,41 +70,20 @@ class LaunchEnv:
         return f"{self.launcher} ({', '.join(self.variables)})"
 
 
-def env_seconds(environ: Mapping[str, str], name: str, default: float) -> float:
-    """A number of seconds > 0 from `environ[name]`, or `default` when it is unset or empty.
-
-    Raises:
-        ValueError: anything else, naming the variable and its value.
-    """
-    raw = environ.get(name, "").strip()
-    if not raw:
-        return default
-    try:
-        value = float(raw)
-    except ValueError:
-        value = float("nan")
-    if not value > 0:
-        raise ValueError(f"{name} must be a number of seconds > 0. Received: {name}={raw!r}")
-    return value
-
-
 class LaunchEnvError(ValueError):
     """The launcher's environment is inconsistent or incomplete; the message says what to set."""
 
 
 def _int(environ: Mapping[str, str], name: str, minimum: int = 0) -> int:
-    raw = environ[name]
-    try:
-        value = int(raw.strip())
-    except ValueError:
-        value = None
-    if value is None or value < minimum:
-        raise LaunchEnvError(f"{name} must be an integer >= {minimum}. Received: {name}={raw!r}")
+    """A variable that must hold an integer: empty is as wrong as malformed."""
+    value = env_int(environ, name, minimum=minimum, error=LaunchEnvError)
+    if value is None:
+        raise LaunchEnvError(f"{name} must be an integer >= {minimum}. Received: {name}={environ.get(name)!r}")
     return value
 
 
 def _opt_int(environ: Mapping[str, str], name: str, minimum: int = 0) -> int | None:
-    return _int(environ, name, minimum) if environ.get(name, "").strip() else None
+    return env_int(environ, name, None, minimum=minimum, error=LaunchEnvError)
 
 
 def expand_hostlist(hostlist: str) -> list[str]:

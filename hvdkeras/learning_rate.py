@@ -8,6 +8,7 @@ from typing import Any
 import keras
 
 from hvdkeras import _collectives as C
+from hvdkeras._checks import check_int
 
 RULES = ("linear", "sqrt", "none")
 
@@ -33,8 +34,7 @@ def scale_factor(rule: str = "linear", size: int | None = None) -> float:
         raise ValueError(f"`rule` must be one of {RULES}. Received: rule={rule!r}")
     if size is None:
         size = C.size()
-    if isinstance(size, bool) or not isinstance(size, int) or size < 1:
-        raise ValueError(f"`size` must be an integer >= 1. Received: size={size!r}")
+    check_int("size", size)
     return {"linear": float(size), "sqrt": math.sqrt(size), "none": 1.0}[rule]
 
 

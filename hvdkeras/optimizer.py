@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 from typing import Any, Sequence
 
 import keras
@@ -18,18 +19,14 @@ from tensorflow.python.ops import control_flow_util
 
 from hvdkeras import _collectives as C
 from hvdkeras import compression as _compression
+from hvdkeras import patches
+from hvdkeras._checks import check_int, env_int
 from hvdkeras.basics import check_op
 
 log = logging.getLogger("hvdkeras")
 
 _OP_NAMES = dict(C.REDUCE_OPS)
 _OPS_BY_NAME = {name: op for op, name in _OP_NAMES.items()}
-
-
-def _check_positive_int(name: str, value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"`{name}` must be an integer >= 1. Received: {name}={value!r}")
-    return value
 
 
 def _check_inner(optimizer: Any) -> None:
@@ -52,9 +49,7 @@ def _check_inner(optimizer: Any) -> None:
 
 
 def _check_learning_rate(optimizer: Any) -> None:
-    base = optimizer
-    while isinstance(base, LossScaleOptimizer):
-        base = base.inner_optimizer
+    base = unwrap(optimizer)
     lr = getattr(base, "_learning_rate", None)
     if isinstance(lr, keras.Variable):
         value = float(lr.numpy())
@@ -69,7 +64,7 @@ def _check_groups(groups: Any) -> Any:
     if groups is None:
         return None
     if isinstance(groups, int) and not isinstance(groups, bool):
-        return _check_positive_int("groups", groups)
+        return check_int("groups", groups)
     if isinstance(groups, (list, tuple)) and all(isinstance(g, (list, tuple)) for g in groups):
         seen: set[int] = set()
         for group in groups:
@@ -94,25 +89,9 @@ DEFAULT_BUCKET_BYTES = 64 << 10
 BUCKET_BYTES_ENV = "HVDKERAS_BUCKET_BYTES"
 
 
-def _check_bucket_bytes(value: Any, source: str = "bucket_bytes") -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ValueError(f"`{source}` must be an integer number of bytes >= 0 (0: one allreduce for all gradients, "
-                         f"after the whole backward pass). Received: {source}={value!r}")
-    return value
-
-
 def default_bucket_bytes(environ: Any = None) -> int:
     """The bucket size when none is passed: $HVDKERAS_BUCKET_BYTES, else DEFAULT_BUCKET_BYTES."""
-    import os
-
-    raw = (os.environ if environ is None else environ).get(BUCKET_BYTES_ENV, "").strip()
-    if not raw:
-        return DEFAULT_BUCKET_BYTES
-    try:
-        value = int(raw)
-    except ValueError:
-        value = raw
-    return _check_bucket_bytes(value, BUCKET_BYTES_ENV)
+    return env_int(os.environ if environ is None else environ, BUCKET_BYTES_ENV, DEFAULT_BUCKET_BYTES)
 
 
 def _nbytes(var: Any) -> int:
@@ -223,6 +202,9 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
     """
 
     def __new__(cls, optimizer: Any = None, *args: Any, **kwargs: Any):
+        # The one class switch: around a LossScaleOptimizer (or under the mixed_float16 policy) the object is a
+        # DistributedLossScaleOptimizer, which is also a LossScaleOptimizer, so `compile` does not wrap it
+        # again and the finiteness check sees the reduced gradients. Everything else stays this class.
         if cls is DistributedOptimizer and _wants_loss_scaling(optimizer):
             cls = DistributedLossScaleOptimizer
         return super().__new__(cls)
@@ -246,11 +228,13 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
         bucket_bytes: int | None = None,
     ):
         _check_inner(optimizer)
-        bucket_bytes = default_bucket_bytes() if bucket_bytes is None else _check_bucket_bytes(bucket_bytes)
+        bucket_bytes = default_bucket_bytes() if bucket_bytes is None else check_int(
+            "bucket_bytes", bucket_bytes, 0, unit="bytes",
+            hint="(0: one allreduce for all gradients, after the whole backward pass)")
         _check_learning_rate(optimizer)
         compressor = _compression.get(compression)
         check_op(op)
-        _check_positive_int("backward_passes_per_step", backward_passes_per_step)
+        check_int("backward_passes_per_step", backward_passes_per_step)
         if not isinstance(gradient_predivide_factor, (int, float)) or isinstance(gradient_predivide_factor, bool) \
                 or not math.isfinite(gradient_predivide_factor) or gradient_predivide_factor <= 0:
             raise ValueError(
@@ -262,8 +246,7 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
                 "`gradient_predivide_factor` other than 1.0 requires op=hvdkeras.Average. "
                 f"Received: op={_OP_NAMES[op]}, gradient_predivide_factor={gradient_predivide_factor}"
             )
-        if isinstance(num_groups, bool) or not isinstance(num_groups, int) or num_groups < 0:
-            raise ValueError(f"`num_groups` must be an integer >= 0. Received: num_groups={num_groups!r}")
+        check_int("num_groups", num_groups, 0)
         if num_groups and groups is not None:
             raise ValueError(f"Pass `groups` or the deprecated `num_groups`, not both. Received: num_groups="
                              f"{num_groups}, groups={groups!r}")
@@ -280,6 +263,7 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
             self, learning_rate=0.0, name=name or f"distributed_{optimizer.name}"
         )
         self.inner_optimizer = optimizer
+        install_compile_config()
         self.compression = compressor
         self.op = op
         self.backward_passes_per_step = backward_passes_per_step
@@ -349,9 +333,14 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
     def __getattr__(self, name: str):
         # Only reached when normal lookup fails: expose the inner optimizer's hyperparameters
         # (momentum, beta_1, ...) the way users read them on the optimizer they passed in.
-        if name.startswith("_") or "inner_optimizer" not in self.__dict__:
-            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
-        return getattr(self.__dict__["inner_optimizer"], name)
+        if hasattr(type(self), name):
+            # A property of ours raised AttributeError inside: show that error, not the inner optimizer's.
+            return object.__getattribute__(self, name)
+        inner = self.__dict__.get("inner_optimizer")
+        if name.startswith("_") or inner is None or not hasattr(inner, name):
+            wrapped = f" (nor has the {type(inner).__name__} it wraps)" if inner is not None else ""
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}{wrapped}")
+        return getattr(inner, name)
 
     # ------------------------------------------------------------------------------------------ building
     def build(self, var_list):
@@ -589,30 +578,28 @@ def PartialDistributedOptimizer(  # noqa: N802 - Horovod's name for this factory
     return opt
 
 
-def plain_optimizer(optimizer: Any) -> Any:
-    """The optimizer a DistributedOptimizer wraps (what checkpoints record), or `optimizer` itself."""
-    return optimizer.inner_optimizer if isinstance(optimizer, DistributedOptimizer) else optimizer
-
-
-_keras_get_compile_config = keras.Model.get_compile_config
-
-
-def _plain_compile_config(model):
-    """Keras's compile config, with a DistributedOptimizer recorded as the optimizer it wraps.
+def install_compile_config() -> None:
+    """Makes `keras.Model.get_compile_config` record a DistributedOptimizer as the optimizer it wraps.
 
     So a model saved from a job (model.save, ModelCheckpoint) loads with plain `keras.models.load_model`
     in a process that never imports hvdkeras: a notebook, an evaluation job, a serving export.
-    `hvdkeras.load_model` wraps it again.
+    `hvdkeras.load_model` wraps it again. Installed by `DistributedOptimizer(...)`;
+    `patches.uninstall("compile_config")` undoes it.
     """
-    config = _keras_get_compile_config(model)
-    compiled = getattr(model, "_compile_config", None)
-    if config and compiled is not None and isinstance(compiled.config.get("optimizer"), DistributedOptimizer):
-        config = dict(config)
-        config["optimizer"] = keras.saving.serialize_keras_object(plain_optimizer(compiled.config["optimizer"]))
-    return config
+    if patches.installed("compile_config"):
+        return
+    keras_get_compile_config = keras.Model.get_compile_config
 
+    def get_compile_config(model):
+        config = keras_get_compile_config(model)
+        compiled = getattr(model, "_compile_config", None)
+        if config and compiled is not None and isinstance(compiled.config.get("optimizer"), DistributedOptimizer):
+            config = dict(config)
+            plain = unwrap(compiled.config["optimizer"], loss_scale=False)
+            config["optimizer"] = keras.saving.serialize_keras_object(plain)
+        return config
 
-keras.Model.get_compile_config = _plain_compile_config
+    patches.install("compile_config", [(keras.Model, "get_compile_config", get_compile_config)])
 
 
 @keras.saving.register_keras_serializable(package="hvdkeras")
@@ -641,9 +628,14 @@ class DistributedLossScaleOptimizer(DistributedOptimizer, LossScaleOptimizer):
         return self.inner_optimizer.step_counter
 
 
-def unwrap(optimizer: Any) -> Any:
-    """The innermost optimizer, below any DistributedOptimizer and LossScaleOptimizer layers."""
-    while isinstance(optimizer, (DistributedOptimizer, LossScaleOptimizer)):
+def unwrap(optimizer: Any, loss_scale: bool = True) -> Any:
+    """The optimizer below every DistributedOptimizer (and, with `loss_scale`, LossScaleOptimizer) layer.
+
+    `unwrap(opt)` is the optimizer that owns the learning rate and the slots; `unwrap(opt, loss_scale=False)`
+    is what a DistributedOptimizer wraps, which is what checkpoints record.
+    """
+    layers = (DistributedOptimizer, LossScaleOptimizer) if loss_scale else DistributedOptimizer
+    while isinstance(optimizer, layers):
         optimizer = optimizer.inner_optimizer
     return optimizer
 

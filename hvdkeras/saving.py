@@ -1,69 +1,21 @@
-"""Rank-0 side effects and loading: the one helper every rank-0-only write goes through."""
+"""Files: atomic writes (a crash never leaves a truncated checkpoint under the final name) and load_model.
+
+Who writes is decided in `hvdkeras.rank_zero`; this module is how a file is written and read back.
+"""
 
 from __future__ import annotations
 
 import contextlib
 import functools
 import glob
+import json
 import os
 import tempfile
-import threading
 from typing import Any, Callable, Iterator
 
 import keras
 
-from hvdkeras import _collectives as C
 from hvdkeras.compression import Compression
-
-
-def is_rank_zero() -> bool:
-    """True on rank 0, and in a process that never called `hvdkeras.init()` (a single worker)."""
-    return not C.is_initialized() or C.rank() == 0
-
-
-def barrier() -> None:
-    """Waits for every worker; a no-op in a single process."""
-    if C.is_initialized() and C.size() > 1:
-        C.barrier()
-
-
-_solo = threading.local()
-
-
-@contextlib.contextmanager
-def solo() -> Iterator[None]:
-    """Marks code that runs on one rank only (a rank-0-only callback): `on_rank_zero` inside it never waits
-    for the other ranks, who are not there to wait with."""
-    previous = getattr(_solo, "active", False)
-    _solo.active = True
-    try:
-        yield
-    finally:
-        _solo.active = previous
-
-
-def on_rank_zero(fn: Callable[..., Any], *args: Any, wait: bool = True, **kwargs: Any) -> Any:
-    """Calls `fn` on rank 0 only; with `wait`, the other ranks wait until it has finished.
-
-    Every rank must call this (it is a collective when `wait` is True), except inside `solo()`. An exception
-    on rank 0 is raised there after the others have been released, so nobody hangs on it.
-
-    Returns:
-        fn's result on rank 0, None elsewhere.
-    """
-    if getattr(_solo, "active", False):
-        return fn(*args, **kwargs) if is_rank_zero() else None
-    result, error = None, None
-    if is_rank_zero():
-        try:
-            result = fn(*args, **kwargs)
-        except BaseException as err:  # re-raised below, after releasing the other ranks
-            error = err
-    if wait:
-        barrier()
-    if error is not None:
-        raise error
-    return result
 
 
 @contextlib.contextmanager
@@ -107,6 +59,12 @@ def write_atomically(write: Callable[..., Any], filepath: Any, *args: Any, **kwa
         return write(filepath, *args, **kwargs)
     with atomic_path(target) as tmp:
         return write(tmp, *args, **kwargs)
+
+
+def write_json_atomically(path: str | os.PathLike, obj: Any) -> None:
+    """Writes `obj` as JSON to `path` through `atomic_path` (arrays and other objects as their `tolist()`)."""
+    with atomic_path(path) as tmp, open(tmp, "w") as f:
+        json.dump(obj, f, default=lambda o: o.tolist() if hasattr(o, "tolist") else str(o))
 
 
 @contextlib.contextmanager

@@ -1,12 +1,12 @@
 """Synchronized batch normalization: batch statistics over the global batch of all workers.
 
 `SyncBatchNormalization` is Horovod's layer on Keras 3, and Keras's own
-`keras.layers.BatchNormalization(synchronized=True)` is synchronized the same way whenever hvdkeras runs
-with more than one worker (Keras alone synchronizes only under a tf.distribute strategy, which hvdkeras
-does not use). Each worker sums its rows, squares and row count; one Sum allreduce of the three gives the
-global mean and variance, exact for uneven per-worker batch sizes. The allreduce has its gradient (the
-Sum allreduce of the upstream gradients), so the backward pass is that of one batch norm over the global
-batch.
+`keras.layers.BatchNormalization(synchronized=True)` is synchronized the same way once `hvdkeras.init()`
+has run with more than one worker (`install()`; Keras alone synchronizes only under a tf.distribute
+strategy, which hvdkeras does not use). Each worker sums its rows, squares and row count; one Sum allreduce
+of the three gives the global mean and variance, exact for uneven per-worker batch sizes. The allreduce
+has its gradient (the Sum allreduce of the upstream gradients), so the backward pass is that of one batch
+norm over the global batch.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ import keras
 import tensorflow as tf
 
 from hvdkeras import _collectives as C
+from hvdkeras import patches
 
 
 def _allreduce_sum(value: tf.Tensor, name: str) -> tf.Tensor:
@@ -61,16 +62,26 @@ def _synchronizing() -> bool:
     return C.is_initialized() and C.size() > 1 and not tf.distribute.has_strategy()
 
 
-_keras_moments = keras.layers.BatchNormalization._moments
-
-
-def _moments(layer, inputs, mask):
-    if getattr(layer, "synchronized", False) and _synchronizing():
+def _layer_moments(layer, inputs, mask, keras_moments):
+    if layer.synchronized and _synchronizing():
         return synchronized_moments(inputs, layer._reduction_axes, f"hvdkeras.sync_batch_norm.{layer.path}", mask)
-    return _keras_moments(layer, inputs, mask)
+    return keras_moments(layer, inputs, mask)
 
 
-keras.layers.BatchNormalization._moments = _moments
+def install() -> None:
+    """Makes Keras's own `BatchNormalization(synchronized=True)` synchronize across the workers.
+
+    Installed by `hvdkeras.init()`; `patches.uninstall("sync_batch_norm")` undoes it. Layers of other
+    classes and layers with `synchronized=False` keep Keras's `_moments`.
+    """
+    if patches.installed("sync_batch_norm"):
+        return
+    keras_moments = keras.layers.BatchNormalization._moments
+
+    def _moments(layer, inputs, mask):
+        return _layer_moments(layer, inputs, mask, keras_moments)
+
+    patches.install("sync_batch_norm", [(keras.layers.BatchNormalization, "_moments", _moments)])
 
 
 @keras.saving.register_keras_serializable(package="hvdkeras")
@@ -93,3 +104,7 @@ class SyncBatchNormalization(keras.layers.BatchNormalization):
             raise ValueError(f"SyncBatchNormalization does not support fused=True. Received: fused={fused!r}")
         kwargs["synchronized"] = True
         super().__init__(**kwargs)
+
+    def _moments(self, inputs, mask):
+        # Its own override, so this layer synchronizes whether or not `install()` patched Keras's layer.
+        return _layer_moments(self, inputs, mask, keras.layers.BatchNormalization._moments)

@@ -15,7 +15,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import hashlib
-import json
 import logging
 import os
 import warnings
@@ -27,7 +26,8 @@ import tensorflow as tf
 
 from hvdkeras import _collectives as C
 from hvdkeras import callbacks as hvd_callbacks
-from hvdkeras import data, saving
+from hvdkeras import data, patches, rank_zero, saving
+from hvdkeras._checks import check_int, env_bool, env_int
 from hvdkeras.compression import Compression
 from hvdkeras.learning_rate import RULES, scale_factor, scale_learning_rate
 from hvdkeras.optimizer import DistributedOptimizer, unwrap
@@ -63,24 +63,7 @@ class Options:
         if isinstance(self.warmup_epochs, bool) or not isinstance(self.warmup_epochs, (int, float)) \
                 or not np.isfinite(self.warmup_epochs) or self.warmup_epochs < 0:
             raise ValueError(f"`warmup_epochs` must be a number >= 0. Received: warmup_epochs={self.warmup_epochs!r}")
-        bpps = self.backward_passes_per_step
-        if isinstance(bpps, bool) or not isinstance(bpps, int) or bpps < 1:
-            raise ValueError(
-                f"`backward_passes_per_step` must be an integer >= 1. Received: backward_passes_per_step={bpps!r}"
-            )
-
-
-_TRUE = {"1", "true", "yes", "on"}
-_FALSE = {"", "0", "false", "no", "off"}
-
-
-def _env_bool(name: str, value: str) -> bool:
-    low = value.strip().lower()
-    if low in _TRUE:
-        return True
-    if low in _FALSE:
-        return False
-    raise ValueError(f"{name} must be one of 1/0/true/false/yes/no. Received: {name}={value!r}")
+        check_int("backward_passes_per_step", self.backward_passes_per_step)
 
 
 def options_from_env(environ: dict | None = None) -> dict:
@@ -91,49 +74,46 @@ def options_from_env(environ: dict | None = None) -> dict:
         name = ENV_PREFIX + field.name.upper()
         if name not in environ:
             continue
-        raw = environ[name]
-        try:
-            if field.name in ("fp16_allreduce", "no_shard"):
-                out[field.name] = _env_bool(name, raw)
-            elif field.name == "backward_passes_per_step":
-                out[field.name] = int(raw)
-            elif field.name == "warmup_epochs":
+        if field.name in ("fp16_allreduce", "no_shard"):
+            out[field.name] = env_bool(environ, name)
+        elif field.name == "backward_passes_per_step":
+            out[field.name] = env_int(environ, name, default=1, minimum=1)
+        elif field.name == "warmup_epochs":
+            raw = environ[name].strip()
+            try:
                 out[field.name] = float(raw) if "." in raw else int(raw)
-            else:
-                out[field.name] = raw
-        except ValueError as err:
-            if str(err).startswith(name):
-                raise
-            raise ValueError(f"{name} has a bad value. Received: {name}={raw!r}") from None
+            except ValueError:
+                raise ValueError(f"{name} must be a number of epochs >= 0. "
+                                 f"Received: {name}={environ[name]!r}") from None
+        else:
+            out[field.name] = environ[name]
     return out
 
 
-_state: dict[str, Any] = {"options": None, "originals": {}, "warned": set(), "fits": []}
+_state: dict[str, Any] = {"options": None, "warned": set(), "fits": []}
 
 
 def _warn_once(key: str, message: str) -> None:
     if key not in _state["warned"]:
         _state["warned"].add(key)
-        if saving.is_rank_zero():
+        if rank_zero.is_rank_zero():
             warnings.warn(f"hvdkeras: {message}", stacklevel=3)
 
 
 def installed() -> bool:
-    return _state["options"] is not None
+    return patches.installed("wrap")
 
 
 def install(options: Options | None = None) -> None:
-    """Makes `keras.Model` data-parallel in this process (idempotent; `uninstall` undoes it)."""
-    if installed():
-        _state["options"] = options or Options()
-        return
+    """Makes `keras.Model` data-parallel in this process (the "wrap" patch; `uninstall` undoes it).
+
+    Installing again only replaces the options.
+    """
     _state["options"] = options or Options()
-    for name, replacement in (("compile", _compile), ("fit", _fit), ("evaluate", _evaluate),
-                              ("save", _write_on_rank_zero), ("save_weights", _write_on_rank_zero),
-                              ("export", _export)):
-        original = getattr(keras.Model, name)
-        _state["originals"][name] = original
-        setattr(keras.Model, name, _bind(original, replacement))
+    patches.install("wrap", [(keras.Model, name, _bind(getattr(keras.Model, name), replacement))
+                             for name, replacement in (("compile", _compile), ("fit", _fit), ("evaluate", _evaluate),
+                                                       ("save", _write_on_rank_zero),
+                                                       ("save_weights", _write_on_rank_zero), ("export", _export))])
 
 
 def _bind(original, replacement):
@@ -147,9 +127,7 @@ def _bind(original, replacement):
 
 
 def uninstall() -> None:
-    for name, original in _state["originals"].items():
-        setattr(keras.Model, name, original)
-    _state["originals"].clear()
+    patches.uninstall("wrap")
     _state["options"] = None
 
 
@@ -306,7 +284,7 @@ def _fit(original, model, *args, **kwargs):
     counter = _StepCounter()
     # Ours first: their results (global metrics, identical weights) are what the script's callbacks see.
     kwargs["callbacks"] = ours + callbacks + [counter]
-    if not saving.is_rank_zero():
+    if not rank_zero.is_rank_zero():
         kwargs["verbose"] = 0
     history = original(model, **kwargs)
     _state["fits"].append(counter.steps)
@@ -344,7 +322,7 @@ def _evaluate(original, model, *args, **kwargs):
             kwargs["x"] = _shard_for_evaluation(x)
     kwargs["callbacks"] = [hvd_callbacks.MetricAverageCallback()] + _rank_zero_callbacks(
         list(kwargs.get("callbacks") or []))
-    if not saving.is_rank_zero():
+    if not rank_zero.is_rank_zero():
         kwargs["verbose"] = 0
     return original(model, **kwargs)
 
@@ -365,25 +343,29 @@ def _named(original, args: tuple, kwargs: dict) -> dict:
 # ------------------------------------------------------------------------------------------------ files
 def _write_on_rank_zero(original, model, filepath, *args, **kwargs):
     """`save` / `save_weights`: rank 0 writes atomically, the others wait for it."""
-    return saving.on_rank_zero(saving.write_atomically, functools.partial(original, model), filepath,
+    return rank_zero.on_rank_zero(saving.write_atomically, functools.partial(original, model), filepath,
                                *args, **kwargs)
 
 
 def _export(original, model, filepath, *args, **kwargs):
-    return saving.on_rank_zero(original, model, filepath, *args, **kwargs)
+    return rank_zero.on_rank_zero(original, model, filepath, *args, **kwargs)
 
 
 # ----------------------------------------------------------------------------------------------- report
+def weights_digest(arrays: Any) -> str:
+    """sha256 of the arrays' bytes in order: equal on two workers exactly when their weights are identical."""
+    digest = hashlib.sha256()
+    for w in arrays:
+        digest.update(np.ascontiguousarray(np.asarray(w)).tobytes())
+    return digest.hexdigest()
+
+
 def _report(model) -> None:
+    """--report-dir: each worker writes rankN.json with its steps per fit and the digest of its final weights,
+    so a job's own CI can check that the workers stayed one job without changing the script."""
     directory = _opts().report_dir
     if not directory:
         return
-    digest = hashlib.sha256()
-    for w in model.get_weights():
-        digest.update(np.ascontiguousarray(w).tobytes())
-    os.makedirs(directory, exist_ok=True)
-    path = os.path.join(directory, f"rank{C.rank()}.json")
-    with open(path + ".tmp", "w") as f:
-        json.dump({"rank": C.rank(), "size": C.size(), "fit_steps": list(_state["fits"]),
-                   "weights_sha256": digest.hexdigest()}, f)
-    os.replace(path + ".tmp", path)
+    saving.write_json_atomically(os.path.join(directory, f"rank{C.rank()}.json"),
+                                 {"rank": C.rank(), "size": C.size(), "fit_steps": list(_state["fits"]),
+                                  "weights_sha256": weights_digest(model.get_weights())})

@@ -4,6 +4,7 @@ import keras
 import numpy as np
 import pytest
 
+from hvdkeras import rank_zero as rank_zero_module
 from hvdkeras import saving
 
 
@@ -18,7 +19,7 @@ class Recorder(keras.callbacks.Callback):
 
 @pytest.mark.parametrize("rank_zero", [True, False])
 def test_rank_zero_only_gates_every_hook(hvd, monkeypatch, rank_zero):
-    monkeypatch.setattr(saving, "is_rank_zero", lambda: rank_zero)
+    monkeypatch.setattr(rank_zero_module, "is_rank_zero", lambda: rank_zero)
     inner = Recorder()
     cb = hvd.callbacks.rank_zero_only(inner)
     cb.on_epoch_end(0, {})
@@ -29,14 +30,14 @@ def test_rank_zero_only_gates_every_hook(hvd, monkeypatch, rank_zero):
 
 @pytest.mark.parametrize("rank_zero, expected", [(True, 1), (False, 0)])
 def test_progress_bar_silenced_off_rank_zero(hvd, monkeypatch, rank_zero, expected):
-    monkeypatch.setattr(saving, "is_rank_zero", lambda: rank_zero)
+    monkeypatch.setattr(rank_zero_module, "is_rank_zero", lambda: rank_zero)
     progbar = keras.callbacks.ProgbarLogger()
     keras.callbacks.CallbackList([hvd.callbacks.MetricAverageCallback(), progbar], verbose=1, epochs=1, steps=2)
     assert progbar.verbose == expected
 
 
 def test_checkpoint_subclasses_write_only_on_rank_zero(hvd, monkeypatch, tmp_path):
-    monkeypatch.setattr(saving, "is_rank_zero", lambda: False)
+    monkeypatch.setattr(rank_zero_module, "is_rank_zero", lambda: False)
     model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
     model.compile(optimizer=hvd.DistributedOptimizer(keras.optimizers.SGD(0.1)), loss="mse")
     model.fit(np.ones((4, 2)), np.zeros((4, 1)), epochs=2, verbose=0,

@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from hvdkeras import cli, wrap
+from hvdkeras import cli, command, wrap
 
 
 def parse(*argv):
@@ -20,7 +20,7 @@ def config(*argv, **kwargs):
 
 
 def test_build_command_defaults_to_gloo_on_localhost():
-    argv, env = cli.build_command(config("-np", "2", "train.py", "--epochs", "3"))
+    argv, env = command.build_command(config("-np", "2", "train.py", "--epochs", "3"))
     assert argv == ["/usr/bin/horovodrun", "-np", "2", "-H", "localhost:2", "--gloo",
                     "/venv/bin/python", "-m", "hvdkeras", "train.py", "--epochs", "3"]
     assert env == {"PYTHONUNBUFFERED": "1", "HOROVOD_GLOO_TIMEOUT_SECONDS": "60"}
@@ -29,7 +29,7 @@ def test_build_command_defaults_to_gloo_on_localhost():
 def test_build_command_forwards_training_options_and_hosts():
     cfg = config("-np", "4", "-H", "a:2,b:2", "--lr-scaling", "sqrt", "--warmup-epochs", "2.5",
                  "--fp16-allreduce", "--backward-passes-per-step", "2", "--no-shard", "--mpi", "t.py")
-    argv, _ = cli.build_command(cfg)
+    argv, _ = command.build_command(cfg)
     assert argv[:6] == ["/usr/bin/horovodrun", "-np", "4", "-H", "a:2,b:2", "--mpi"]
     assert argv[6:] == ["/venv/bin/python", "-m", "hvdkeras", "--lr-scaling", "sqrt", "--warmup-epochs", "2.5",
                         "--fp16-allreduce", "--backward-passes-per-step", "2", "--no-shard", "t.py"]
@@ -37,7 +37,7 @@ def test_build_command_forwards_training_options_and_hosts():
 
 def test_build_command_elastic():
     cfg = config("-np", "2", "--min-np", "1", "--max-np", "3", "--host-discovery-script", "d.sh", "t.py")
-    argv, _ = cli.build_command(cfg)
+    argv, _ = command.build_command(cfg)
     assert argv[:9] == ["/usr/bin/horovodrun", "-np", "2", "--min-np", "1", "--max-np", "3",
                         "--host-discovery-script", "d.sh"]
     assert "-H" not in argv
@@ -97,7 +97,7 @@ def test_node_workers_carry_the_torchrun_variables():
     cfg = config("--nnodes", "2", "--node-rank", "1", "--nproc-per-node", "2", "--master-addr", "node0",
                  "--master-port", "29400", "--job-id", "exp", "--fp16-allreduce", "t.py", "--epochs", "2")
     assert cfg.np == 4
-    workers = cli.build_node_workers(cfg)
+    workers = command.build_node_workers(cfg)
     assert [w[0] for w in workers] == [["/venv/bin/python", "-m", "hvdkeras", "--fp16-allreduce", "t.py",
                                         "--epochs", "2"]] * 2
     assert [(e["RANK"], e["LOCAL_RANK"]) for _, e in workers] == [("2", "0"), ("3", "1")]
@@ -107,9 +107,9 @@ def test_node_workers_carry_the_torchrun_variables():
 
 def test_single_node_form_defaults():
     cfg = config("--nnodes", "1", "t.py")
-    (argv, env), = cli.build_node_workers(cfg)
+    (argv, env), = command.build_node_workers(cfg)
     assert (env["RANK"], env["WORLD_SIZE"], env["MASTER_ADDR"], env["MASTER_PORT"]) == \
-        ("0", "1", "127.0.0.1", str(cli.DEFAULT_MASTER_PORT))
+        ("0", "1", "127.0.0.1", str(command.DEFAULT_MASTER_PORT))
     assert "HVDKERAS_JOB_ID" not in env
 
 

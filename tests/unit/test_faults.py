@@ -6,7 +6,7 @@ import pytest
 import tensorflow as tf
 
 from hvdkeras import _collectives as C
-from hvdkeras import basics, cli, data, saving, wrap
+from hvdkeras import basics, cli, command, data, rank_zero, supervision, wrap
 
 
 def test_mismatch_message_names_the_first_differing_variable():
@@ -80,13 +80,13 @@ def test_checkpoint_callback_writes_through_a_temporary_name(hvd, tmp_path, monk
 
 def test_on_rank_zero_releases_the_others_before_raising(monkeypatch):
     calls = []
-    monkeypatch.setattr(saving, "barrier", lambda: calls.append("barrier"))
+    monkeypatch.setattr(rank_zero, "barrier", lambda: calls.append("barrier"))
 
     def boom():
         raise OSError("disk full")
 
     with pytest.raises(OSError, match="disk full"):
-        saving.on_rank_zero(boom)
+        rank_zero.on_rank_zero(boom)
     assert calls == ["barrier"]
 
 
@@ -96,11 +96,11 @@ def test_stall_timeout_option():
         cli.validate(ns, isfile=lambda p: True, which=lambda n: "/bin/horovodrun", python="/x/python")
     ns = cli.build_parser().parse_args(["run", "-np", "2", "t.py"])
     cfg = cli.validate(ns, isfile=lambda p: True, which=lambda n: "/bin/horovodrun", python="/x/python")
-    assert cli.build_command(cfg)[1]["HOROVOD_GLOO_TIMEOUT_SECONDS"] == "60"
+    assert command.build_command(cfg)[1]["HOROVOD_GLOO_TIMEOUT_SECONDS"] == "60"
 
 
 def test_failure_tracker_takes_the_first_failed_rank():
-    tracker = cli.FailureTracker()
+    tracker = supervision.FailureTracker()
     for line in [b"Process 0 exit with status code 0.\n", b"Process 1 exit with status code -9.\n",
                  b"Process 0 exit with status code 1.\n"]:
         tracker.feed(line)
@@ -108,13 +108,13 @@ def test_failure_tracker_takes_the_first_failed_rank():
 
 
 def test_failure_tracker_skips_ranks_that_only_failed_because_of_another():
-    tracker = cli.FailureTracker()
+    tracker = supervision.FailureTracker()
     for line in [b"[1]<stderr>:RuntimeError: injected failure on rank 1\n",
                  b"[0]<stderr>:Horovod has been shut down. This was caused by an exception on one of the ranks\n",
                  b"Process 0 exit with status code 1.\n", b"Process 1 exit with status code 1.\n"]:
         tracker.feed(line)
     assert tracker.first_failure() == (1, 1)
-    only_collateral = cli.FailureTracker()
+    only_collateral = supervision.FailureTracker()
     for line in [b"[0]<stderr>:Timed out waiting 30000ms for recv\n", b"Process 0 exit with status code 1.\n"]:
         only_collateral.feed(line)
     assert only_collateral.first_failure() == (0, 1)
@@ -122,7 +122,7 @@ def test_failure_tracker_skips_ranks_that_only_failed_because_of_another():
 
 def test_failure_tracker_names_a_rank_that_raised_and_was_terminated_before_it_exited():
     # What horovodrun printed when the survivor exited first and the rank that raised was then terminated.
-    tracker = cli.FailureTracker()
+    tracker = supervision.FailureTracker()
     for line in [b"[1]<stderr>:Traceback (most recent call last):\n",
                  b"[1]<stderr>:RuntimeError: injected failure on rank 1\n",
                  b"[0]<stderr>:Traceback (most recent call last):\n",

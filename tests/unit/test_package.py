@@ -62,3 +62,28 @@ def test_unsupported_versions_raise_import_error(tf_version, keras_version, back
 def test_supported_versions_pass():
     _compat.check_versions("2.16.1", "3.0.0", "tensorflow")
     _compat.check_versions("2.21.0", "3.15.1", "tensorflow")
+
+
+def test_every_third_party_import_is_a_declared_dependency():
+    import ast
+    import configparser
+    import re
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[2]
+    cfg = configparser.ConfigParser()
+    cfg.read(repo / "setup.cfg")
+    declared = {re.split(r"[<>=\[ ]", line.strip())[0].lower()
+                for line in cfg["options"]["install_requires"].splitlines() if line.strip()}
+    # TensorFlow comes from the cpu / gpu extras (two distributions of the one module).
+    declared |= {"tensorflow"}
+    imported = set()
+    for path in list((repo / "hvdkeras").rglob("*.py")) + list((repo / "callbacks").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                imported |= {a.name.split(".")[0] for a in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                imported.add(node.module.split(".")[0])
+    third_party = {m for m in imported if m not in sys.stdlib_module_names and m not in ("hvdkeras", "callbacks")}
+    assert third_party - declared == set(), f"imported but not in install_requires: {third_party - declared}"
+    assert {"psutil", "packaging"} <= declared

@@ -76,7 +76,7 @@ def join_in_threads(envs, timeout=5.0):
 
     def run(i, env):
         try:
-            results[i] = R._join(env, "127.0.0.1", entry(env.rank, env.size, pid=1000 + i, job=env.job_id), timeout)
+            results[i] = R.join(env, "127.0.0.1", entry(env.rank, env.size, pid=1000 + i, job=env.job_id), timeout)
         except Exception as err:  # noqa: BLE001 - the test inspects it
             results[i] = err
 
@@ -99,7 +99,8 @@ def test_real_server_forms_the_table():
 def test_worker_of_another_job_is_refused_at_once():
     port = free_port()
     results = join_in_threads([launch_env(0, port), launch_env(1, port, job="job-2")], timeout=3)
-    assert isinstance(results[1], R.RendezvousError)
+    assert isinstance(results[1], R.RendezvousOtherJobError)
+    assert isinstance(results[0], R.RendezvousTimeoutError)
     assert "belongs to another job (job id 'job-1'); this worker is of job 'job-2'" in str(results[1])
     assert "Ranks [1] of 2 never joined" in str(results[0]) and "within 3 s" in str(results[0])
 
@@ -107,6 +108,7 @@ def test_worker_of_another_job_is_refused_at_once():
 def test_unreachable_rendezvous_names_the_address():
     port = free_port()
     results = join_in_threads([launch_env(1, port)], timeout=1)
+    assert isinstance(results[0], R.RendezvousConnectionError)
     assert f"could not reach the job's rendezvous at 127.0.0.1:{port} within 1 s" in str(results[0])
     assert "Connection refused" in str(results[0])
 
@@ -115,7 +117,7 @@ def test_second_server_on_a_held_port_says_so():
     port = free_port()
     first = R.Server("127.0.0.1", port, R.Registry("a", 2, ()), "test")
     try:
-        with pytest.raises(R.RendezvousError, match="Another job .* holds this port"):
+        with pytest.raises(R.RendezvousPortInUseError, match="Another job .* holds this port"):
             R.Server("127.0.0.1", port, R.Registry("b", 2, ()), "test")
     finally:
         first.stop()
@@ -136,12 +138,12 @@ def test_server_binds_only_the_address_the_workers_use_and_goes_away():
 
 
 def test_unresolvable_host_names_the_variable():
-    with pytest.raises(R.RendezvousError, match="MASTER_ADDR gave 'no-such-host.invalid'"):
+    with pytest.raises(R.RendezvousAddressError, match="MASTER_ADDR gave 'no-such-host.invalid'"):
         R.resolve("no-such-host.invalid", "MASTER_ADDR")
 
 
 def test_unreachable_peers_are_named():
-    alive = R._Probe("127.0.0.1")
+    alive = R.Probe("127.0.0.1")
     with socket.socket() as dead:
         dead.bind(("127.0.0.1", 0))
         dead_port = dead.getsockname()[1]
@@ -156,3 +158,32 @@ def test_bad_rendezvous_timeout(raw):
     with pytest.raises(ValueError, match=f"HVDKERAS_RENDEZVOUS_TIMEOUT must be a number of seconds > 0. Received: "
                                          f"HVDKERAS_RENDEZVOUS_TIMEOUT='{raw}'"):
         R.rendezvous_timeout({"HVDKERAS_RENDEZVOUS_TIMEOUT": raw})
+
+
+def test_every_failure_has_its_own_rendezvous_error_subclass():
+    subclasses = [R.RendezvousAddressError, R.RendezvousPortInUseError, R.RendezvousBindError,
+                  R.RendezvousConnectionError, R.RendezvousOtherJobError, R.RendezvousConflictError,
+                  R.RendezvousProtocolError, R.RendezvousTimeoutError, R.RendezvousSizeError]
+    assert len(set(subclasses)) == len(subclasses)
+    assert all(issubclass(c, R.RendezvousError) and c is not R.RendezvousError for c in subclasses)
+    assert issubclass(R.RendezvousError, RuntimeError)
+
+
+def test_a_second_claim_on_a_rank_is_a_conflict():
+    port = free_port()
+    results = join_in_threads([launch_env(0, port), launch_env(1, port), launch_env(1, port)], timeout=3)
+    errors = [r for r in results.values() if isinstance(r, Exception)]
+    assert errors and all(isinstance(e, R.RendezvousConflictError) for e in errors), results
+    assert any("claims the same rank" in str(e) for e in errors)
+
+
+def test_stop_restores_the_excepthook_the_rendezvous_installed(monkeypatch):
+    import sys
+
+    from hvdkeras.rendezvous import diagnosis
+
+    before = sys.excepthook
+    diagnosis.install_excepthook({0: {}, 1: {}}, 0)
+    assert sys.excepthook is not before
+    R.stop()
+    assert sys.excepthook is before

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import faulthandler
-import hashlib
-import json
 import os
 import random
 import sys
@@ -31,17 +29,15 @@ def out_dir() -> str:
 
 
 def write_result(rank: int, result: dict) -> None:
-    path = os.path.join(out_dir(), f"rank{rank}.json")
-    with open(path + ".tmp", "w") as f:
-        json.dump(result, f, default=lambda o: o.tolist() if hasattr(o, "tolist") else str(o))
-    os.replace(path + ".tmp", path)
+    from hvdkeras.saving import write_json_atomically
+
+    write_json_atomically(os.path.join(out_dir(), f"rank{rank}.json"), result)
 
 
 def weights_digest(variables) -> str:
-    h = hashlib.sha256()
-    for v in variables:
-        h.update(np.ascontiguousarray(np.asarray(v)).tobytes())
-    return h.hexdigest()
+    from hvdkeras.wrap import weights_digest as digest
+
+    return digest(variables)
 
 
 def max_abs_diff(a, b) -> float:
@@ -53,3 +49,31 @@ def max_rel_diff(a, b) -> float:
         max(np.max(np.abs(np.asarray(x) - np.asarray(y))) / (np.max(np.abs(np.asarray(y))) + 1e-12)
             for x, y in zip(a, b))
     )
+
+
+def count_collectives():
+    """Counts every reduction call of hvdkeras's seam (a fused call counts once), in eager and traced code.
+
+    Wraps the seam's allreduce, grouped_allreduce, allgather and reducescatter with a counter variable that
+    the traced step bumps when it runs; returns a function that reads the count.
+    """
+    import functools
+
+    import tensorflow as tf
+
+    from hvdkeras import _collectives
+
+    with tf.init_scope():
+        counter = tf.Variable(0, dtype=tf.int64, trainable=False, name="test_reductions")
+
+    def counted(fn):
+        @functools.wraps(fn)
+        def call(*args, **kwargs):
+            counter.assign_add(1)
+            return fn(*args, **kwargs)
+
+        return call
+
+    for name in ("allreduce", "grouped_allreduce", "allgather", "reducescatter"):
+        setattr(_collectives, name, counted(getattr(_collectives, name)))
+    return lambda: int(counter.numpy())

@@ -50,9 +50,9 @@ if RANK == 0:
             for j in range(10 + i):  # uneven files: 10..14 records
                 w.write(str(i * 100 + j).encode())
         os.replace(path + ".tmp", path)
-from hvdkeras import saving  # noqa: E402
+from hvdkeras import rank_zero  # noqa: E402
 
-saving.barrier()
+rank_zero.barrier()
 records = tf.data.Dataset.list_files(os.path.join(OUT, "part-*.tfrecord"), shuffle=False).interleave(
     tf.data.TFRecordDataset, cycle_length=1)
 records = records.map(lambda s: tf.strings.to_number(s, tf.int64))

@@ -7,14 +7,14 @@ in one process on the whole global batches (computed here too, without collectiv
 
 import numpy as np
 
-from common import max_abs_diff, max_rel_diff, seed_everything, weights_digest, write_result
+from common import count_collectives, max_abs_diff, max_rel_diff, seed_everything, weights_digest, write_result
 
 import hvdkeras as hvd  # noqa: E402
 import keras  # noqa: E402
 import tensorflow as tf  # noqa: E402
-from hvdkeras import _collectives  # noqa: E402
 
 hvd.init()
+reduction_count = count_collectives()
 RANK, SIZE = hvd.rank(), hvd.size()
 B, STEPS = 8, 10
 
@@ -66,10 +66,10 @@ def distributed(kind, x, y, per_worker=B, model_fn=dense_model, loss="mse", call
     opt = hvd.DistributedOptimizer(make_opt(kind), **dist_kwargs)
     model.compile(optimizer=opt, loss=loss)
     rows = shard_rows(len(x), per_worker)
-    before = _collectives.reduction_count()
+    before = reduction_count()
     model.fit(x[rows], y[rows], batch_size=per_worker, shuffle=False, epochs=1, verbose=0,
               callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0)] if callbacks else [])
-    calls = _collectives.reduction_count() - before
+    calls = reduction_count() - before
     steps = len(rows) // per_worker
     return model, [v.numpy() for v in model.trainable_variables], calls / steps
 

@@ -37,7 +37,7 @@ part.fit(xs, ys, batch_size=8, epochs=2, shuffle=False, verbose=0, callbacks=cal
 path = os.path.join(OUT, "epoch2.keras")
 if RANK == 0:
     part.save(path)
-hvd.callbacks.rank_zero.saving.barrier()
+hvd.rank_zero.barrier()
 resumed = hvd.load_model(path)
 resumed.fit(xs, ys, batch_size=8, epochs=4, initial_epoch=2, shuffle=False, verbose=0, callbacks=callbacks)
 write_result(RANK, {

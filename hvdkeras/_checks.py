@@ -1,0 +1,111 @@
+"""Validation at the boundary, in one format: "`name` must be WHAT. Received: name=VALUE".
+
+`check_int` is the one integer check of the package's arguments; `env_int`, `env_bool` and `env_seconds`
+are the one way its environment variables are read (an unset or empty variable gives the default).
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from typing import Any, Mapping
+
+_TRUE = frozenset({"1", "true", "yes", "on"})
+_FALSE = frozenset({"0", "false", "no", "off"})
+
+
+def check_int(name: str, value: Any, minimum: int = 1, *, maximum: int | None = None, allow_none: bool = False,
+              unit: str = "", hint: str = "", error: type[Exception] = ValueError) -> Any:
+    """`value` as an int, if it is an integer (not a bool) in [minimum, maximum).
+
+    Args:
+        name: the argument's name, for the message.
+        value: what was received.
+        minimum: the smallest value allowed.
+        maximum: if given, values must be below it.
+        allow_none: None passes through unchanged.
+        unit: what the integer counts, e.g. "bytes" ("an integer number of bytes >= 0").
+        hint: words added after the bound, e.g. "(0: one allreduce)".
+        error: the exception class raised.
+
+    Raises:
+        `error` (ValueError by default): naming the argument, the bound and what was received.
+
+    Example:
+        >>> check_int("backward_passes_per_step", 0)
+        Traceback (most recent call last):
+        ValueError: `backward_passes_per_step` must be an integer >= 1. Received: backward_passes_per_step=0
+    """
+    if value is None and allow_none:
+        return None
+    ok = isinstance(value, numbers.Integral) and not isinstance(value, bool)
+    if ok and value >= minimum and (maximum is None or value < maximum):
+        return int(value)
+    bound = f">= {minimum}" if maximum is None else f"in [{minimum}, {maximum})"
+    extra = " or None" if allow_none else ""
+    what = f"an integer number of {unit}" if unit else "an integer"
+    raise error(f"`{name}` must be {what} {bound}{extra}{' ' + hint if hint else ''}. Received: {name}={value!r}")
+
+
+def _raw(environ: Mapping[str, str], name: str) -> str:
+    return (environ.get(name) or "").strip()
+
+
+def _bad(name: str, what: str, raw: str, error: type[Exception]) -> Exception:
+    return error(f"{name} must be {what}. Received: {name}={raw!r}")
+
+
+def env_int(environ: Mapping[str, str], name: str, default: Any = None, minimum: int = 0,
+            maximum: int | None = None, error: type[Exception] = ValueError) -> Any:
+    """An integer from `environ[name]` in [minimum, maximum], or `default` when it is unset or empty.
+
+    Raises:
+        `error` (ValueError by default): the value is not such an integer, naming the variable and its value.
+    """
+    raw = _raw(environ, name)
+    if not raw:
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        value = None
+    if value is None or value < minimum or (maximum is not None and value > maximum):
+        what = f"an integer >= {minimum}" if maximum is None else f"an integer in [{minimum}, {maximum}]"
+        raise _bad(name, what, environ[name], error)
+    return value
+
+
+def env_bool(environ: Mapping[str, str], name: str, default: bool = False,
+             error: type[Exception] = ValueError) -> bool:
+    """A boolean from `environ[name]` (1/0, true/false, yes/no, on/off), or `default` when unset or empty.
+
+    Raises:
+        `error` (ValueError by default): any other value, naming the variable and its value.
+    """
+    raw = _raw(environ, name).lower()
+    if not raw:
+        return default
+    if raw in _TRUE:
+        return True
+    if raw in _FALSE:
+        return False
+    raise _bad(name, "one of 1/0/true/false/yes/no/on/off", environ[name], error)
+
+
+def env_seconds(environ: Mapping[str, str], name: str, default: float,
+                error: type[Exception] = ValueError) -> float:
+    """A number of seconds > 0 from `environ[name]`, or `default` when it is unset or empty.
+
+    Raises:
+        `error` (ValueError by default): anything else, naming the variable and its value.
+    """
+    raw = _raw(environ, name)
+    if not raw:
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        value = math.nan
+    if not value > 0:
+        raise _bad(name, "a number of seconds > 0", environ[name], error)
+    return value

@@ -1,0 +1,60 @@
+"""Every change hvdkeras makes to Keras's classes, each installed explicitly and undone the same way.
+
+Importing hvdkeras changes nothing in Keras. The patches, by name:
+- "compile_config" (`optimizer.install_compile_config`): `keras.Model.get_compile_config` records a
+  DistributedOptimizer as the optimizer it wraps, so saved models load with plain Keras. Installed by the
+  first `DistributedOptimizer(...)`.
+- "sync_batch_norm" (`sync_batch_norm.install`): `keras.layers.BatchNormalization._moments` synchronizes
+  layers made with `synchronized=True` across the workers. Installed by `init()`.
+- "wrap" (`wrap.install`): `keras.Model.compile`, `fit`, `evaluate`, `save`, `save_weights` and `export`
+  make an unmodified script data-parallel. Installed by `python -m hvdkeras` / `hvdkeras run` only.
+
+`uninstall(name)` restores the attributes a patch replaced; `hvdkeras.shutdown()` undoes the one `init()`
+installed.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterable
+
+_MISSING = object()
+# name -> [(owner, attribute, what the owner's own __dict__ held before, or _MISSING)]
+_installed: dict[str, list[tuple[Any, str, Any]]] = {}
+
+
+def install(name: str, changes: Iterable[tuple[Any, str, Any]]) -> bool:
+    """Sets each `owner.attribute = replacement` of `changes`, remembered under `name`.
+
+    Returns:
+        False, changing nothing, when `name` is installed already.
+    """
+    if name in _installed:
+        return False
+    saved = []
+    for owner, attribute, replacement in changes:
+        saved.append((owner, attribute, vars(owner).get(attribute, _MISSING)))
+        setattr(owner, attribute, replacement)
+    _installed[name] = saved
+    return True
+
+
+def uninstall(name: str) -> bool:
+    """Puts back what `install(name, ...)` replaced. Returns False when `name` is not installed."""
+    saved = _installed.pop(name, None)
+    if saved is None:
+        return False
+    for owner, attribute, original in reversed(saved):
+        if original is _MISSING:
+            delattr(owner, attribute)
+        else:
+            setattr(owner, attribute, original)
+    return True
+
+
+def installed(name: str) -> bool:
+    return name in _installed
+
+
+def active() -> list[str]:
+    """The names of the patches installed now."""
+    return list(_installed)

@@ -1,0 +1,154 @@
+"""Forming one Horovod job from a launcher's environment, where horovodrun did not set it up.
+
+Rank 0 hosts Horovod's own HTTP rendezvous (`registry`); every worker registers there and waits for the
+whole table (`client`). From the table every worker computes the same local and cross ranks (whatever the
+launcher's task layout), sets Horovod's variables and lets `hvd.init()` form the job. Once formed, a
+failure that comes from a lost peer is explained by `diagnosis`. Every way this can fail raises its own
+`RendezvousError` subclass (`errors`) within HVDKERAS_RENDEZVOUS_TIMEOUT seconds (default 60).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+import socket
+import sys
+import threading
+from typing import Mapping, MutableMapping
+
+from hvdkeras._checks import env_seconds
+from hvdkeras.launching import DEFAULT_STALL_TIMEOUT, LaunchEnv
+from hvdkeras.rendezvous.client import interface_of, join, resolve, route_ip
+from hvdkeras.rendezvous.diagnosis import Probe, install_excepthook, restore_excepthook, unreachable_peers
+from hvdkeras.rendezvous.errors import (
+    RendezvousAddressError,
+    RendezvousBindError,
+    RendezvousConflictError,
+    RendezvousConnectionError,
+    RendezvousError,
+    RendezvousOtherJobError,
+    RendezvousPortInUseError,
+    RendezvousProtocolError,
+    RendezvousSizeError,
+    RendezvousTimeoutError,
+)
+from hvdkeras.rendezvous.registry import Registry, Server, assign, host_slots
+
+__all__ = [
+    "Formed", "Probe", "Registry", "RendezvousAddressError", "RendezvousBindError", "RendezvousConflictError",
+    "RendezvousConnectionError", "RendezvousError", "RendezvousOtherJobError", "RendezvousPortInUseError",
+    "RendezvousProtocolError", "RendezvousSizeError", "RendezvousTimeoutError", "Server", "assign", "form",
+    "host_slots", "init_watchdog", "join", "rendezvous_timeout", "resolve", "stop", "unreachable_peers",
+]
+
+DEFAULT_TIMEOUT = 60.0
+
+
+def rendezvous_timeout(environ: Mapping[str, str]) -> float:
+    """HVDKERAS_RENDEZVOUS_TIMEOUT, the bound on forming the job (default 60 s)."""
+    return env_seconds(environ, "HVDKERAS_RENDEZVOUS_TIMEOUT", DEFAULT_TIMEOUT)
+
+
+@dataclasses.dataclass
+class Formed:
+    env: LaunchEnv
+    peers: dict[int, dict]
+    server: Server | None
+    probe: Probe | None = None
+
+
+_active: Formed | None = None
+
+
+def form(env: LaunchEnv, environ: MutableMapping[str, str] | None = None) -> Formed:
+    """Joins the job that `env` describes and sets Horovod's variables in `environ` for `hvd.init()`.
+
+    Raises:
+        RendezvousError: the rendezvous cannot be hosted or reached, a peer never comes, another job holds
+            the port, or the ranks disagree on the size; within HVDKERAS_RENDEZVOUS_TIMEOUT seconds.
+    """
+    global _active
+    environ = os.environ if environ is None else environ
+    timeout = rendezvous_timeout(environ)
+    ip = resolve(env.rendezvous_addr, env.addr_source)
+    my_ip = route_ip(ip, env.rendezvous_port)
+    iface = (environ.get("HVDKERAS_IFACE") or "").strip() or interface_of(my_ip)
+    server, probe = None, None
+    if env.rank == 0:
+        server = Server(ip, env.rendezvous_port, Registry(env.job_id, env.size, env.variables),
+                        f"from {env.addr_source}")
+    try:
+        probe = Probe(my_ip)
+        entry = {"job_id": env.job_id, "rank": env.rank, "size": env.size, "hostname": socket.gethostname(),
+                 "host_key": my_ip, "ip": my_ip, "pid": os.getpid(), "probe_port": probe.port,
+                 "variables": list(env.variables)}
+        peers = join(env, ip, entry, timeout)
+    except BaseException:
+        if server is not None:
+            server.stop()
+        if probe is not None:
+            probe.close()
+        raise
+    mine = assign(peers)[env.rank]
+    stall = env_seconds(environ, "HVDKERAS_STALL_TIMEOUT", DEFAULT_STALL_TIMEOUT)
+    environ.update({
+        "HOROVOD_GLOO_RENDEZVOUS_ADDR": ip,
+        "HOROVOD_GLOO_RENDEZVOUS_PORT": str(env.rendezvous_port),
+        "HOROVOD_CONTROLLER": "gloo",
+        "HOROVOD_CPU_OPERATIONS": "gloo",
+        "HOROVOD_GLOO_IFACE": iface,
+        "HOROVOD_HOSTNAME": str(mine["host_key"]),
+        "HOROVOD_RANK": str(env.rank),
+        "HOROVOD_SIZE": str(env.size),
+        "HOROVOD_LOCAL_RANK": str(mine["local_rank"]),
+        "HOROVOD_LOCAL_SIZE": str(mine["local_size"]),
+        "HOROVOD_CROSS_RANK": str(mine["cross_rank"]),
+        "HOROVOD_CROSS_SIZE": str(mine["cross_size"]),
+    })
+    environ.setdefault("HOROVOD_GLOO_TIMEOUT_SECONDS", f"{stall:g}")
+    install_excepthook(peers, env.rank)
+    _active = Formed(env=env, peers=peers, server=server, probe=probe)
+    return _active
+
+
+@contextlib.contextmanager
+def init_watchdog(formed: Formed, environ: Mapping[str, str] | None = None):
+    """Bounds Horovod's own init of a job we formed: past the bound the process exits with a clear message.
+
+    Horovod's init blocks in C++ (Gloo connecting every pair of workers) and cannot be interrupted; when a
+    peer dies in the middle of it, the others would wait forever.
+    """
+    environ = os.environ if environ is None else environ
+    bound = rendezvous_timeout(environ)
+    me = formed.env.rank
+
+    def expire() -> None:
+        lost = unreachable_peers(formed.peers, me)
+        detail = f"unreachable: {'; '.join(lost)}" if lost else "every peer's host answers, so a peer failed " \
+                                                                "while connecting (see its output)"
+        print(f"hvdkeras: rank {me}: Horovod did not finish connecting the {formed.env.size} workers within "
+              f"{bound:g} s after all of them registered ({detail}; Gloo interface "
+              f"{environ.get('HOROVOD_GLOO_IFACE')}). Exiting instead of hanging; HVDKERAS_RENDEZVOUS_TIMEOUT sets "
+              "this bound.", file=sys.stderr, flush=True)
+        os._exit(1)
+
+    timer = threading.Timer(bound, expire)
+    timer.daemon = True
+    timer.start()
+    try:
+        yield
+    finally:
+        timer.cancel()
+
+
+def stop() -> None:
+    """Stops rank 0's rendezvous and this worker's probe, and restores `sys.excepthook` (at shutdown)."""
+    global _active
+    if _active is not None:
+        if _active.server is not None:
+            _active.server.stop()
+        if _active.probe is not None:
+            _active.probe.close()
+    restore_excepthook()
+    _active = None
