@@ -123,7 +123,7 @@ def main(argv=None) -> int:
     with tempfile.TemporaryDirectory() as tmpdir:
         tmp = Path(tmpdir)
         # A smoke run does the 2-worker Keras 3 measurements in one launch; a real run gives each its own.
-        joint = worker("overhead-hvdkeras+overhead-raw+idle+gradpath", 2, tmp, True) if args.quick else {}
+        joint = worker("overhead-hvdkeras+overhead-raw+idle+gradpath+scaling", 2, tmp, True) if args.quick else {}
 
         def measured(mode):
             return joint[mode] if mode in joint else worker(mode, 2, tmp, args.quick)
@@ -146,7 +146,7 @@ def main(argv=None) -> int:
             overhead["hvdkeras_over_horovod_keras2"] = step_ms["hvdkeras_fit"] / step_ms["horovod_keras2_fit"]
         results["overhead"] = overhead
         one = worker("scaling", 1, tmp, args.quick)
-        two = worker("scaling", 2, tmp, args.quick)
+        two = measured("scaling")
         plain1, plain2 = plain_concurrent(1, tmp, args.quick), plain_concurrent(2, tmp, args.quick)
         results["scaling"] = {
             "images_per_s_1": one["images_per_s_total"],

@@ -16,58 +16,61 @@ Example:
 
 __version__ = "0.1.0"
 
-from hvdkeras._compat import check_installed as _check_installed
+# Where each public name lives. The package imports its modules (and so TensorFlow, Keras and Horovod) on the
+# first use of a name, not at `import hvdkeras`: `hvdkeras run` and `hvdkeras.cli` start without
+# TensorFlow, while `hvd.init()` and every other name work as if imported eagerly.
+_API = {
+    "hvdkeras.basics": (
+        "Average", "ProcessSet", "Sum", "add_process_set", "allgather", "allgather_object", "allreduce", "broadcast",
+        "broadcast_global_variables", "broadcast_object", "broadcast_variables", "ccl_built", "cross_rank",
+        "cross_size", "cuda_built", "ddl_built", "global_process_set", "gloo_built", "gloo_enabled", "init",
+        "is_initialized", "local_rank", "local_size", "mpi_built", "mpi_enabled", "mpi_threads_supported",
+        "nccl_built", "rank", "reducescatter", "remove_process_set", "rocm_built", "shutdown", "size",
+        "start_timeline", "stop_timeline",
+    ),
+    "hvdkeras.compression": ("Compression",),
+    "hvdkeras.learning_rate": ("scale_learning_rate",),
+    "hvdkeras.optimizer": ("DistributedLossScaleOptimizer", "DistributedOptimizer", "PartialDistributedOptimizer"),
+    "hvdkeras.saving": ("load_model",),
+    "hvdkeras.sync_batch_norm": ("SyncBatchNormalization",),
+    "hvdkeras._compat": ("is_version_greater_equal_than",),
+}
+_WHERE = {name: module for module, names in _API.items() for name in names}
+_SUBPACKAGES = ("callbacks", "data", "elastic")
+_checked = False
 
-_check_installed()
 
-from hvdkeras import callbacks, data, elastic  # noqa: E402
-from hvdkeras._compat import is_version_greater_equal_than  # noqa: E402
-from hvdkeras.basics import (  # noqa: E402
-    Average,
-    ProcessSet,
-    Sum,
-    add_process_set,
-    allgather,
-    allgather_object,
-    allreduce,
-    broadcast,
-    broadcast_global_variables,
-    broadcast_object,
-    broadcast_variables,
-    ccl_built,
-    cross_rank,
-    cross_size,
-    cuda_built,
-    ddl_built,
-    global_process_set,
-    gloo_built,
-    gloo_enabled,
-    init,
-    is_initialized,
-    local_rank,
-    local_size,
-    mpi_built,
-    mpi_enabled,
-    mpi_threads_supported,
-    nccl_built,
-    rank,
-    reducescatter,
-    remove_process_set,
-    rocm_built,
-    shutdown,
-    size,
-    start_timeline,
-    stop_timeline,
-)
-from hvdkeras.compression import Compression  # noqa: E402
-from hvdkeras.learning_rate import scale_learning_rate  # noqa: E402
-from hvdkeras.optimizer import (  # noqa: E402
-    DistributedLossScaleOptimizer,
-    DistributedOptimizer,
-    PartialDistributedOptimizer,
-)
-from hvdkeras.saving import load_model  # noqa: E402
-from hvdkeras.sync_batch_norm import SyncBatchNormalization  # noqa: E402
+def _check_installed_once() -> None:
+    # The versions are checked when the API is first used (ImportError on TensorFlow < 2.16 or Keras < 3).
+    global _checked
+    if not _checked:
+        from hvdkeras._compat import check_installed
+
+        check_installed()
+        _checked = True
+
+
+def __getattr__(name: str):
+    import importlib
+    import importlib.util
+
+    if name.startswith("__"):
+        raise AttributeError(f"module 'hvdkeras' has no attribute {name!r}")
+    if name in _WHERE:
+        _check_installed_once()
+        value = getattr(importlib.import_module(_WHERE[name]), name)
+    elif name in _SUBPACKAGES or importlib.util.find_spec(f"hvdkeras.{name}") is not None:
+        _check_installed_once()
+        value = importlib.import_module(f"hvdkeras.{name}")
+    else:
+        raise AttributeError(f"module 'hvdkeras' has no attribute {name!r}")
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))
+
 
 __all__ = [
     "Average",

@@ -84,7 +84,7 @@ def _check_groups(groups: Any) -> Any:
 
 # Gradients are reduced in buckets of about this many bytes, in the order the backward pass produces them, so
 # the first buckets travel while the rest of the backward pass still runs. Chosen by measurement on two hosts
-# over a shaped link (benchmarks/network_benchmark.py; README, "Training over a network").
+# over a shaped link (benchmarks/network_benchmark.py; docs/network.md).
 DEFAULT_BUCKET_BYTES = 64 << 10
 BUCKET_BYTES_ENV = "HVDKERAS_BUCKET_BYTES"
 

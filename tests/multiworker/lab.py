@@ -19,6 +19,10 @@ import pytest
 
 from launch import kill_tree
 
+# Pod 0's name through the Kubernetes manifest's headless Service (examples/kubernetes_indexed_job.yaml):
+# the session's test hosts give it to hosta.
+POD0 = "hvdkeras-digits-0.hvdkeras-digits"
+
 
 def require(*commands: str, root: bool = True) -> None:
     """Skips the test with the reason unless running as root with these commands on PATH."""

@@ -29,6 +29,7 @@ class Job:
     output: str
     results: dict = field(default_factory=dict)  # rank -> dict written by the worker
     seconds: float = 0.0
+    ended: float = 0.0  # time.time() when the launcher exited (run_jobs)
 
     def fail(self, why: str) -> None:
         pytest.fail(f"{why}\n--- workers' output (last 20000 chars) ---\n{self.output[-20000:]}", pytrace=False)
@@ -124,6 +125,43 @@ def horovodrun(script: str, *args: str, np: int = 2, timeout: float = 240, out_d
         if missing:
             job.fail(f"ranks {missing} wrote no result")
     return job
+
+
+def run_jobs(launches: dict[str, tuple[list[str], Path, dict | None]], timeout: float) -> dict[str, Job]:
+    """Runs independent launches at once: {name: (cmd, out_dir, env)} -> {name: Job}, each Job with `ended`,
+    the time.time() at which its launcher exited.
+
+    For checks that mostly wait (a stall timeout, a failing rendezvous), several launches share the wall
+    time. On the timeout, every process prints its stacks, all are killed and the test fails with every
+    launch's output.
+    """
+    started, logs, ended = {}, {}, {}
+    start = time.monotonic()
+    for name, (cmd, out_dir, env) in launches.items():
+        out_dir.mkdir(parents=True, exist_ok=True)
+        logs[name] = open(out_dir / "launch.log", "w+")
+        started[name] = subprocess.Popen(cmd, stdout=logs[name], stderr=subprocess.STDOUT, text=True,
+                                         env=base_env(out_dir, env), cwd=str(out_dir), start_new_session=True)
+    deadline = start + timeout
+    while len(ended) < len(started) and time.monotonic() < deadline:
+        for name, proc in started.items():
+            if name not in ended and proc.poll() is not None:
+                ended[name] = time.time()
+        time.sleep(0.1)
+    timed_out = [name for name in started if name not in ended]
+    for name in timed_out:
+        dump_and_kill(started[name].pid)
+    jobs = {}
+    for name, proc in started.items():
+        proc.wait()
+        logs[name].seek(0)
+        jobs[name] = Job(returncode=proc.returncode, output=logs[name].read(), seconds=time.monotonic() - start)
+        jobs[name].ended = ended.get(name, time.time())
+        logs[name].close()
+    if timed_out:
+        shown = "\n".join(f"--- {name} (exit {job.returncode})\n{job.output[-6000:]}" for name, job in jobs.items())
+        pytest.fail(f"TIMEOUT: {timed_out} ran past {timeout}s and were killed\n{shown}", pytrace=False)
+    return jobs
 
 
 @dataclass

@@ -1,5 +1,10 @@
 """Faults on 2 real workers, each launch with a timeout: crashes, stalls, mismatched models, exact resume,
-atomic checkpoints."""
+atomic checkpoints.
+
+The crashes, the stall, the mismatched models and the first two runs of the resume check are independent
+launches that mostly wait (for a fault, a timeout, a first step), so they run at once (`faults`): each
+is still its own `hvdkeras run -np 2` job, with its own bound measured from its own fault.
+"""
 
 import time
 from pathlib import Path
@@ -8,16 +13,38 @@ import numpy as np
 import psutil
 import pytest
 
-from launch import VENV_BIN, WORKERS, run_command
+from launch import VENV_BIN, WORKERS, run_command, run_jobs
 
 SCRIPT = WORKERS / "faults_script.py"
+STALL_TIMEOUT = 20
+
+
+def hvdkeras_run_cmd(mode, out: Path, *args) -> list[str]:
+    return [str(VENV_BIN / "hvdkeras"), "run", "-np", "2", str(SCRIPT), mode, str(out), *args]
 
 
 def hvdkeras_run(mode, out: Path, *args, timeout=240, env=None):
-    cmd = [str(VENV_BIN / "hvdkeras"), "run", "-np", "2", str(SCRIPT), mode, str(out), *args]
-    job = run_command(cmd, out, timeout=timeout, env=env)
+    job = run_command(hvdkeras_run_cmd(mode, out, *args), out, timeout=timeout, env=env)
     job.ended = time.time()
     return job
+
+
+@pytest.fixture(scope="module")
+def faults(tmp_path_factory):
+    root = tmp_path_factory.mktemp("faults")
+    launches = {mode: (hvdkeras_run_cmd(mode, root / mode), root / mode, None)
+                for mode in ("raise", "kill", "mismatch-units", "mismatch-layer")}
+    launches["stop"] = (hvdkeras_run_cmd("stop", root / "stop"), root / "stop",
+                        {"HVDKERAS_STALL_TIMEOUT": str(STALL_TIMEOUT)})
+    # The resume check's uninterrupted run and its first, killed run (the second must wait for the first).
+    launches["resume-whole"] = (hvdkeras_run_cmd("resume", root / "whole", "--epochs", "5"), root / "whole", None)
+    launches["resume-parts"] = (hvdkeras_run_cmd("resume", root / "parts", "--epochs", "5", "--kill-after-epoch",
+                                                 "2"), root / "parts", None)
+    started = time.time()
+    jobs = run_jobs(launches, timeout=420)
+    for job in jobs.values():
+        job.started = started
+    return root, jobs
 
 
 def leftover_workers(out: Path) -> list:
@@ -30,36 +57,36 @@ def leftover_workers(out: Path) -> list:
 
 
 @pytest.mark.parametrize("mode", ["raise", "kill"])
-def test_crash_of_one_worker_ends_the_job(tmp_path, mode):
-    job = hvdkeras_run(mode, tmp_path)
+def test_crash_of_one_worker_ends_the_job(faults, mode):
+    root, jobs = faults
+    job, out = jobs[mode], root / mode
     assert job.returncode != 0
-    fault_time = float((tmp_path / "fault.rank1").read_text())
+    fault_time = float((out / "fault.rank1").read_text())
     exit_seconds = job.ended - fault_time
     assert exit_seconds <= 60, f"took {exit_seconds:.1f} s"
     assert "rank 1 failed first" in job.output, job.output[-3000:]
-    assert not (tmp_path / "done.rank0").exists()
-    time.sleep(1)
-    assert leftover_workers(tmp_path) == []
+    assert not (out / "done.rank0").exists()
+    assert leftover_workers(out) == []
     print(f"{mode}: job ended {exit_seconds:.1f} s after the fault")
 
 
-def test_stalled_worker_fails_the_job_in_bounded_time(tmp_path):
-    job = hvdkeras_run("stop", tmp_path, timeout=300, env={"HVDKERAS_STALL_TIMEOUT": "20"})
+def test_stalled_worker_fails_the_job_in_bounded_time(faults):
+    root, jobs = faults
+    job, out = jobs["stop"], root / "stop"
     assert job.returncode != 0
-    exit_seconds = job.ended - float((tmp_path / "fault.rank1").read_text())
-    assert exit_seconds <= 20 + 40, f"took {exit_seconds:.1f} s"
+    exit_seconds = job.ended - float((out / "fault.rank1").read_text())
+    assert exit_seconds <= STALL_TIMEOUT + 40, f"took {exit_seconds:.1f} s"
     assert "rank 1" in job.output and "stopped answering" in job.output, job.output[-3000:]
-    time.sleep(1)
-    assert leftover_workers(tmp_path) == []
-    print(f"stop: job ended {exit_seconds:.1f} s after the fault")
+    assert leftover_workers(out) == []
+    print(f"stop: job ended {exit_seconds:.1f} s after the fault ({STALL_TIMEOUT} s stall timeout)")
 
 
 @pytest.mark.parametrize("mode, variable", [("mismatch-units", "kernel"), ("mismatch-layer", "kernel")])
-def test_mismatched_models_fail_fast_on_every_rank(tmp_path, mode, variable):
-    start = time.time()
-    job = hvdkeras_run(mode, tmp_path, timeout=120)
+def test_mismatched_models_fail_fast_on_every_rank(faults, mode, variable):
+    _, jobs = faults
+    job = jobs[mode]
     assert job.returncode != 0
-    assert job.ended - start <= 60
+    assert job.ended - job.started <= 120, f"took {job.ended - job.started:.1f} s, started with 6 other jobs"
     for rank in (0, 1):
         lines = [line for line in job.output.splitlines()
                  if line.startswith(f"[{rank}]<stderr>:") and "built different models" in line]
@@ -69,13 +96,11 @@ def test_mismatched_models_fail_fast_on_every_rank(tmp_path, mode, variable):
     assert "rank 1 has" in message
 
 
-def test_resume_after_killing_the_job_equals_an_uninterrupted_run(tmp_path):
-    whole, parts = tmp_path / "whole", tmp_path / "parts"
-    for d in (whole, parts):
-        d.mkdir()
-    uninterrupted = hvdkeras_run("resume", whole, "--epochs", "5")
+def test_resume_after_killing_the_job_equals_an_uninterrupted_run(faults):
+    root, jobs = faults
+    whole, parts = root / "whole", root / "parts"
+    uninterrupted, first = jobs["resume-whole"], jobs["resume-parts"]
     assert uninterrupted.returncode == 0, uninterrupted.output[-3000:]
-    first = hvdkeras_run("resume", parts, "--epochs", "5", "--kill-after-epoch", "2")
     assert first.returncode != 0 and (parts / "killed.rank0").exists()
     assert not (parts / "done.rank0").exists()
     second = hvdkeras_run("resume", parts, "--epochs", "5")

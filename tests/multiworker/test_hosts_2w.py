@@ -11,7 +11,7 @@ import time
 
 import pytest
 from jobcheck import SCRIPTS, check_two_workers, lines_by_rank, run_args
-from lab import LabHosts, require
+from lab import POD0, LabHosts, require
 
 from launch import REPO, VENV_BIN, Started, run_command, show
 
@@ -20,15 +20,6 @@ HVDKERAS = str(VENV_BIN / "hvdkeras")
 
 
 MANIFEST = REPO / "examples" / "kubernetes_indexed_job.yaml"
-POD0 = "hvdkeras-digits-0.hvdkeras-digits"  # pod 0's name through the manifest's headless Service
-
-
-@pytest.fixture(scope="module")
-def hosts(tmp_path_factory):
-    require("ip")
-    lab = LabHosts(tmp_path_factory.mktemp("hosts"), aliases={"hosta": [POD0]}).start()
-    yield lab
-    lab.stop()
 
 
 def node_command(hosts: LabHosts, node: int, args: list[str], port: int, *extra: str) -> list[str]:

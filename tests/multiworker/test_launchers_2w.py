@@ -11,19 +11,11 @@ import time
 
 import pytest
 from jobcheck import SCRIPTS, check_two_workers, lines_by_rank, worker_command
-from lab import Slurm, require
+from lab import require
 
 from launch import REPO, Started, run_command, run_processes, show
 
 LAUNCH_TIMEOUT = 300
-
-
-@pytest.fixture(scope="module")
-def slurm(tmp_path_factory):
-    require("slurmctld", "slurmd", "munged", "srun", "sbatch")
-    cluster = Slurm(tmp_path_factory.mktemp("slurm")).start()
-    yield cluster
-    cluster.stop()
 
 
 @pytest.mark.parametrize("kind", SCRIPTS)

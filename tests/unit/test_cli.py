@@ -138,3 +138,15 @@ def test_bad_stall_timeout_from_the_environment(monkeypatch, raw):
     with pytest.raises(cli.UsageError, match=f"HVDKERAS_STALL_TIMEOUT must be a number of seconds > 0. "
                                              f"Received: HVDKERAS_STALL_TIMEOUT='{raw}'"):
         config("-np", "2", "t.py")
+
+
+def test_the_hvdkeras_command_starts_without_tensorflow():
+    import subprocess
+    import sys
+
+    code = ("import sys, hvdkeras, hvdkeras.cli, hvdkeras.command, hvdkeras.supervision, hvdkeras.launching\n"
+            "hvdkeras.cli.build_parser()\n"
+            "print(sorted(m for m in ('tensorflow', 'keras', 'horovod') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"
