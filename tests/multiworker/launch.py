@@ -111,12 +111,17 @@ def run_command(cmd: list[str], out_dir: Path, timeout: float, env: dict | None 
     return job
 
 
+def horovodrun_command(script: str, *args: str, np: int = 2) -> list[str]:
+    """horovodrun's command line for tests/multiworker/workers/<script> (or an absolute path) on localhost."""
+    path = script if os.path.isabs(script) else str(WORKERS / script)
+    return [str(VENV_BIN / "horovodrun"), "-np", str(np), "-H", f"localhost:{np}", "--gloo", sys.executable, path,
+            *args]
+
+
 def horovodrun(script: str, *args: str, np: int = 2, timeout: float = 240, out_dir: Path,
                env: dict | None = None, expect_ok: bool = True, cwd: Path | None = None) -> Job:
     """Runs tests/multiworker/workers/<script> on `np` Gloo workers on localhost."""
-    path = script if os.path.isabs(script) else str(WORKERS / script)
-    cmd = [str(VENV_BIN / "horovodrun"), "-np", str(np), "-H", f"localhost:{np}", "--gloo",
-           sys.executable, path, *args]
+    cmd = horovodrun_command(script, *args, np=np)
     job = run_command(cmd, out_dir, timeout, env=env, cwd=cwd, np=np)
     if expect_ok:
         if job.returncode != 0:

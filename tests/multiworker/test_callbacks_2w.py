@@ -2,15 +2,7 @@
 
 import pytest
 
-from launch import horovodrun
-
-
-@pytest.fixture(scope="module")
-def job(tmp_path_factory):
-    out = tmp_path_factory.mktemp("callbacks")
-    job = horovodrun("callbacks_worker.py", out_dir=out, timeout=360)
-    job.out = out
-    return job
+SCENARIOS = ("callbacks",)  # run in the one scenarios launch (conftest.py), as `job`
 
 
 def test_first_step_starts_from_rank0_weights(job):

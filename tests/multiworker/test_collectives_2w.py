@@ -1,14 +1,8 @@
 """Real 2-worker Gloo runs of the basic collectives."""
 
 import numpy as np
-import pytest
 
-from launch import horovodrun
-
-
-@pytest.fixture(scope="module")
-def job(tmp_path_factory):
-    return horovodrun("collectives_worker.py", out_dir=tmp_path_factory.mktemp("collectives"), timeout=180)
+SCENARIOS = ("collectives",)  # run in the one scenarios launch (conftest.py), as `job`
 
 
 def test_topology(job):

@@ -2,12 +2,7 @@
 
 import pytest
 
-from launch import horovodrun
-
-
-@pytest.fixture(scope="module")
-def job(tmp_path_factory):
-    return horovodrun("data_worker.py", out_dir=tmp_path_factory.mktemp("data"), timeout=300)
+SCENARIOS = ("data",)  # run in the one scenarios launch (conftest.py), as `job`
 
 
 @pytest.mark.parametrize("name", ["known", "unknown"])

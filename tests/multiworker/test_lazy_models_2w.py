@@ -2,15 +2,7 @@
 
 import pytest
 
-from launch import horovodrun
-
-
-@pytest.fixture(scope="module")
-def job(tmp_path_factory):
-    out = tmp_path_factory.mktemp("lazy")
-    job = horovodrun("lazy_worker.py", out_dir=out, timeout=360)
-    job.out = out
-    return job
+SCENARIOS = ("lazy",)  # run in the one scenarios launch (conftest.py), as `job`
 
 
 @pytest.mark.parametrize("kind", ["sequential", "subclassed"])

@@ -2,14 +2,10 @@
 
 import pytest
 
-from launch import horovodrun
-
 TOL = 1e-5
 
 
-@pytest.fixture(scope="module")
-def job(tmp_path_factory):
-    return horovodrun("optimizer_worker.py", out_dir=tmp_path_factory.mktemp("optimizer"), timeout=420)
+SCENARIOS = ("optimizer", "resume")  # run in the one scenarios launch (conftest.py)
 
 
 def both(job, key):
@@ -89,10 +85,8 @@ def test_mixed_precision_overflow_on_one_rank_skips_everywhere(job):
         assert res["mp_scale"] == 2.0 ** 14
 
 
-def test_resume_from_plain_checkpoint_with_load_model_is_exact(tmp_path):
-    from launch import horovodrun
-
-    job = horovodrun("resume_worker.py", out_dir=tmp_path, timeout=300)
+def test_resume_from_plain_checkpoint_with_load_model_is_exact(scenarios):
+    job = scenarios["resume"]
     for r in (0, 1):
         assert job.results[r]["optimizer_type"] == "DistributedOptimizer"
         assert job.results[r]["iterations"] == [32, 32]  # 64 rows each, batch 8, 4 epochs

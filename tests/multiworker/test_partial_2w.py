@@ -1,14 +1,8 @@
 """Horovod's process sets and local variables on 2 real Gloo workers (one launch)."""
 
-import pytest
-
-from launch import horovodrun
 
 
-@pytest.fixture(scope="module")
-def job(tmp_path_factory):
-    out = tmp_path_factory.mktemp("partial")
-    return horovodrun("partial_worker.py", out_dir=out, timeout=300)
+SCENARIOS = ("partial",)  # run in the one scenarios launch (conftest.py), as `job`
 
 
 def test_two_process_sets_scope_collectives_and_the_optimizer(job):

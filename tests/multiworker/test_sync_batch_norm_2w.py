@@ -2,12 +2,7 @@
 
 import pytest
 
-from launch import horovodrun
-
-
-@pytest.fixture(scope="module")
-def job(tmp_path_factory):
-    return horovodrun("syncbn_worker.py", out_dir=tmp_path_factory.mktemp("syncbn"), timeout=300)
+SCENARIOS = ("syncbn",)  # run in the one scenarios launch (conftest.py), as `job`
 
 
 @pytest.mark.parametrize("kind", ["sync_layer", "keras_synchronized"])

@@ -14,6 +14,10 @@ faulthandler.dump_traceback_later(float(os.environ.get("HVDKERAS_TEST_DUMP_AFTER
                                   file=sys.stderr)
 
 
+# Process sets that scenarios.py registered at init, for the scenario that uses them.
+PROCESS_SETS: list | None = None
+
+
 def seed_everything(seed: int) -> None:
     import keras
     import tensorflow as tf
