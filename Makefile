@@ -25,10 +25,10 @@ $(STAMP): setup.cfg pyproject.toml scripts/install_horovod.sh Makefile
 	$(VENV)/bin/horovodrun --check-build
 	touch $(STAMP)
 
-# Two pytest workers: every multi-worker test runs on one of them, in order (xdist group "multiworker", see
-# tests/multiworker/conftest.py); the single-process tests fill the other core meanwhile.
+# Two pytest workers: every multi-worker test runs on one of them, in order (see tests/conftest.py); the
+# single-process tests fill the other core meanwhile.
 test: install lab
-	$(PY) -m pytest -n 2 --dist loadgroup $(PYTEST_ARGS)
+	$(PY) -m pytest -n 2 $(PYTEST_ARGS)
 
 # The test lab's system packages (Slurm, munge, OpenMPI, sshd), installed when root and missing.
 lab:

@@ -12,3 +12,16 @@ def hvd():
 
     hvdkeras.init()
     return hvdkeras
+
+
+def pytest_xdist_make_scheduler(config, log):
+    """Under `pytest -n 2` (make test): every multi-worker test in one work unit, run in order on one pytest
+    worker (they share the lab and the scenarios launch, and each job wants both cores); the single-process
+    tests are spread over the workers, so they run on the other core meanwhile."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class MultiworkerTogether(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return "tests/multiworker" if nodeid.startswith("tests/multiworker/") else nodeid
+
+    return MultiworkerTogether(config, log)

@@ -9,15 +9,10 @@ from lab import POD0, LabHosts, Slurm, require
 from launch import WORKERS, Job, horovodrun_command, run_command
 
 
-@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(items):
-    # One xdist group: under `pytest -n 2 --dist loadgroup` (make test) these tests run one at a time, in
-    # order, on one worker (they share the lab and the scenarios launch, and each job wants both cores), while
-    # the single-process tests run on the other.
     for item in items:
         if "multiworker" in str(item.fspath):
             item.add_marker(pytest.mark.multiworker)
-            item.add_marker(pytest.mark.xdist_group("multiworker"))
 
 
 @pytest.fixture(scope="session")
