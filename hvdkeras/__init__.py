@@ -36,7 +36,6 @@ _API = {
     "hvdkeras._compat": ("is_version_greater_equal_than",),
 }
 _WHERE = {name: module for module, names in _API.items() for name in names}
-_SUBPACKAGES = ("callbacks", "data", "elastic")
 _checked = False
 
 
@@ -59,7 +58,7 @@ def __getattr__(name: str):
     if name in _WHERE:
         _check_installed_once()
         value = getattr(importlib.import_module(_WHERE[name]), name)
-    elif name in _SUBPACKAGES or importlib.util.find_spec(f"hvdkeras.{name}") is not None:
+    elif importlib.util.find_spec(f"hvdkeras.{name}") is not None:  # a submodule: callbacks, data, elastic, ...
         _check_installed_once()
         value = importlib.import_module(f"hvdkeras.{name}")
     else:
