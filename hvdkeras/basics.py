@@ -13,6 +13,7 @@ import tensorflow as tf
 from hvdkeras import _collectives as C
 from hvdkeras import compression as _compression
 from hvdkeras import launching, patches, rendezvous, sync_batch_norm
+from hvdkeras._checks import env_bool
 
 log = logging.getLogger("hvdkeras")
 
@@ -55,6 +56,7 @@ def horovod_defaults(environ: Any) -> dict[str, str]:
     """The Horovod settings hvdkeras adds before Horovod starts: HOROVOD_CYCLE_TIME=5 (ms) when the job spans
     hosts (HOROVOD_CROSS_SIZE > 1) and it is unset. Anything the user or horovodrun set stays."""
     try:
+        # Horovod's own variable: whatever else it holds, Horovod itself reports it.
         cross = int(environ.get("HOROVOD_CROSS_SIZE", "1"))
     except ValueError:
         cross = 1
@@ -358,7 +360,7 @@ def broadcast_variables(variables: Iterable[Any], root_rank: int = 0, check: boo
     _check_root_rank(root_rank)
     variables = list(variables)
     if check is None:
-        check = os.environ.get("HVDKERAS_CHECK_MODELS", "1").strip().lower() not in ("0", "false", "no", "off")
+        check = env_bool(os.environ, "HVDKERAS_CHECK_MODELS", default=True)
     if check:
         check_same_variables(variables)
     C.broadcast_variables([tf_variable(v) for v in variables], root_rank)

@@ -107,6 +107,13 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _at_least_one(flag: str, value: int) -> int:
+    """The command line's form of the package's check_int: argparse already made `value` an int."""
+    if value < 1:
+        raise UsageError(f"{flag} must be an integer >= 1. Received: {flag} {value}")
+    return value
+
+
 def parse_hosts(hosts: str) -> list[tuple[str, int]]:
     """Parses "host1:2,host2:4". Raises UsageError on anything else."""
     out = []
@@ -129,8 +136,8 @@ def validate(ns: argparse.Namespace, *, which: Callable[[str], str | None] = shu
     if ns.np is None and nodes is None:
         raise UsageError("-np is required (the number of workers), or --nnodes for the ssh-less multi-node form. "
                          "Received: no -np")
-    if ns.np is not None and ns.np < 1:
-        raise UsageError(f"-np must be an integer >= 1. Received: -np {ns.np}")
+    if ns.np is not None:
+        _at_least_one("-np", ns.np)
     if not isfile(ns.script):
         raise UsageError(f"the training script does not exist. Received: script={ns.script!r}")
     elastic = ns.min_np is not None or ns.max_np is not None or ns.host_discovery_script is not None
@@ -194,16 +201,13 @@ def _validate_nodes(ns: argparse.Namespace) -> dict | None:
             raise UsageError(f"{', '.join(given)} belong to the multi-node form and need --nnodes. Received: "
                              f"{' '.join(given)} without --nnodes")
         return None
-    if ns.nnodes < 1:
-        raise UsageError(f"--nnodes must be an integer >= 1. Received: --nnodes {ns.nnodes}")
+    _at_least_one("--nnodes", ns.nnodes)
     node_rank = 0 if ns.node_rank is None else ns.node_rank
     if not 0 <= node_rank < ns.nnodes:
         raise UsageError(f"--node-rank must be in [0, --nnodes) = [0, {ns.nnodes}). Received: --node-rank {node_rank}")
     if ns.nnodes > 1 and ns.node_rank is None:
         raise UsageError(f"--node-rank is required with --nnodes {ns.nnodes} (this node's index). Received: none")
-    per_node = 1 if ns.nproc_per_node is None else ns.nproc_per_node
-    if per_node < 1:
-        raise UsageError(f"--nproc-per-node must be an integer >= 1. Received: --nproc-per-node {per_node}")
+    per_node = _at_least_one("--nproc-per-node", 1 if ns.nproc_per_node is None else ns.nproc_per_node)
     if ns.np is not None and ns.np != ns.nnodes * per_node:
         raise UsageError(f"-np must equal --nnodes x --nproc-per-node = {ns.nnodes * per_node}. "
                          f"Received: -np {ns.np} with --nnodes {ns.nnodes} --nproc-per-node {per_node}")

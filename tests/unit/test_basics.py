@@ -129,3 +129,16 @@ def test_single_worker_collectives(hvd):
 ])
 def test_horovod_cycle_time_is_5_ms_only_across_hosts_and_only_when_unset(environ, expected):
     assert basics.horovod_defaults(environ) == expected
+
+
+def test_check_models_variable_is_read_as_a_boolean(hvd, monkeypatch):
+    import keras
+
+    v = keras.Variable([1.0, 2.0])
+    for value in ("0", "off", "1", "yes", ""):
+        monkeypatch.setenv("HVDKERAS_CHECK_MODELS", value)
+        hvd.broadcast_variables([v], root_rank=0)
+    monkeypatch.setenv("HVDKERAS_CHECK_MODELS", "maybe")
+    with pytest.raises(ValueError, match="HVDKERAS_CHECK_MODELS must be one of .*Received: "
+                                         "HVDKERAS_CHECK_MODELS='maybe'"):
+        hvd.broadcast_variables([v], root_rank=0)
