@@ -71,8 +71,8 @@ def _layer_moments(layer, inputs, mask, keras_moments):
 def install() -> None:
     """Makes Keras's own `BatchNormalization(synchronized=True)` synchronize across the workers.
 
-    Installed by `hvdkeras.init()`; `patches.uninstall("sync_batch_norm")` undoes it. Layers of other
-    classes and layers with `synchronized=False` keep Keras's `_moments`.
+    Installed by `hvdkeras.init()`; `patches.uninstall("sync_batch_norm")` undoes it. Layers made with
+    `synchronized=False`, and every layer in a job of one worker, compute Keras's own moments.
     """
     if patches.installed("sync_batch_norm"):
         return
