@@ -36,6 +36,7 @@ _API = {
     "hvdkeras._compat": ("is_version_greater_equal_than",),
 }
 _WHERE = {name: module for module, names in _API.items() for name in names}
+__all__ = sorted([*_WHERE, "callbacks", "data", "elastic"])
 _checked = False
 
 
@@ -69,53 +70,3 @@ def __getattr__(name: str):
 
 def __dir__() -> list[str]:
     return sorted(set(globals()) | set(__all__))
-
-
-__all__ = [
-    "Average",
-    "Compression",
-    "DistributedLossScaleOptimizer",
-    "DistributedOptimizer",
-    "PartialDistributedOptimizer",
-    "ProcessSet",
-    "Sum",
-    "SyncBatchNormalization",
-    "add_process_set",
-    "allgather",
-    "allgather_object",
-    "allreduce",
-    "broadcast",
-    "broadcast_global_variables",
-    "broadcast_object",
-    "broadcast_variables",
-    "callbacks",
-    "ccl_built",
-    "cross_rank",
-    "cross_size",
-    "cuda_built",
-    "data",
-    "ddl_built",
-    "elastic",
-    "global_process_set",
-    "gloo_built",
-    "gloo_enabled",
-    "init",
-    "is_initialized",
-    "is_version_greater_equal_than",
-    "load_model",
-    "local_rank",
-    "local_size",
-    "mpi_built",
-    "mpi_enabled",
-    "mpi_threads_supported",
-    "nccl_built",
-    "rank",
-    "reducescatter",
-    "remove_process_set",
-    "rocm_built",
-    "scale_learning_rate",
-    "shutdown",
-    "size",
-    "start_timeline",
-    "stop_timeline",
-]
