@@ -34,33 +34,38 @@ from hvdkeras.optimizer import unwrap
 ObjectState, HorovodInternalError, HostsUpdatedInterrupt = C.elastic_types()
 
 
-class KerasState(ObjectState):
-    """Model and optimizer variables plus plain values (epoch, batch, ...) that survive an elastic reset.
+class TensorFlowKerasState(ObjectState):
+    """A Keras model's and optimizer's variables plus plain values (epoch, batch, ...) that survive an elastic
+    reset: Horovod's `horovod.tensorflow.elastic.TensorFlowKerasState`, on Keras 3.
 
     `commit()` copies the variables to host memory (and checks for host changes); `restore()` puts back the
     last commit after a failure; `sync()` broadcasts everything from rank 0 (a surviving worker) to all,
-    including workers that just joined. After a reset the learning rate is rescaled for the new world size.
+    including workers that just joined.
 
     Args:
-        model: the Keras model (compiled with a DistributedOptimizer).
+        model: the Keras model, built.
         optimizer: defaults to `model.optimizer`; built here if Keras has not built it yet.
-        lr_scaling: the rule the learning rate follows with the world size: "linear", "sqrt" or "none".
+        backend: Horovod's TensorFlow 1 session backend; unused (Keras 3 runs eagerly), accepted for
+            Horovod's signature.
         **kwargs: plain values to track, exposed as attributes (e.g. `epoch=0, batch=0`).
 
+    Raises:
+        ValueError: the model is not built yet.
+
     Example:
-        >>> state = hvdkeras.elastic.KerasState(model, epoch=0, batch=0)
+        >>> state = hvdkeras.elastic.TensorFlowKerasState(model, epoch=0, batch=0)
     """
 
-    def __init__(self, model: keras.Model, optimizer: Any = None, lr_scaling: str = "linear", **kwargs: Any):
+    def __init__(self, model: keras.Model, optimizer: Any = None, backend: Any = None, **kwargs: Any):
+        if not model.built:
+            raise ValueError(f"The model must be built before its elastic state is made, so its variables exist. "
+                             f"Received: model {model.name!r} with built=False. Call model.build(input_shape) or "
+                             "call the model on a batch first.")
         self.model = model
+        self.backend = backend
         self.optimizer = optimizer if optimizer is not None else model.optimizer
         if self.optimizer is not None and not self.optimizer.built:
             self.optimizer.build(model.trainable_variables)
-        self.lr_scaling = lr_scaling
-        self._base_lr = None
-        base = unwrap(self.optimizer) if self.optimizer is not None else None
-        if base is not None and isinstance(base._learning_rate, keras.Variable):
-            self._base_lr = float(base.learning_rate.numpy()) / scale_factor(lr_scaling)
         self._saved_values: list = []
         super().__init__(bcast_object=C.broadcast_object, get_rank=C.rank, **kwargs)
         self._save_variables()
@@ -85,6 +90,32 @@ class KerasState(ObjectState):
         basics.broadcast_variables(self.variables(), root_rank=0)
         self._save_variables()
         super().sync()
+
+
+class KerasState(TensorFlowKerasState):
+    """`TensorFlowKerasState` whose learning rate follows the world size: after a reset (workers left or
+    joined) it is rescaled for the new number of workers.
+
+    Args:
+        model: the Keras model (compiled with a DistributedOptimizer), built.
+        optimizer: defaults to `model.optimizer`; built here if Keras has not built it yet.
+        lr_scaling: the rule the learning rate follows with the world size: "linear", "sqrt" or "none".
+        **kwargs: plain values to track, exposed as attributes (e.g. `epoch=0, batch=0`).
+
+    Raises:
+        ValueError: the model is not built yet.
+
+    Example:
+        >>> state = hvdkeras.elastic.KerasState(model, epoch=0, batch=0)
+    """
+
+    def __init__(self, model: keras.Model, optimizer: Any = None, lr_scaling: str = "linear", **kwargs: Any):
+        super().__init__(model, optimizer, **kwargs)
+        self.lr_scaling = lr_scaling
+        self._base_lr = None
+        base = unwrap(self.optimizer) if self.optimizer is not None else None
+        if base is not None and isinstance(base._learning_rate, keras.Variable):
+            self._base_lr = float(base.learning_rate.numpy()) / scale_factor(lr_scaling)
 
     def reset(self) -> None:
         """After workers left or joined: rescale the learning rate for the new world size."""
@@ -189,6 +220,7 @@ __all__ = [
     "HorovodInternalError",
     "HostsUpdatedInterrupt",
     "KerasState",
+    "TensorFlowKerasState",
     "UpdateBatchStateCallback",
     "UpdateEpochStateCallback",
     "run",

@@ -19,7 +19,11 @@ FORWARDED = {"init": ["comm", "process_sets"]}
 
 
 def public(module):
-    names = getattr(module, "__all__", None) or [n for n in dir(module) if not n.startswith("_")]
+    """The module's `__all__`, plus what it defines or imports from Horovod under a public name outside
+    `__all__` (horovod.tensorflow.keras.elastic exports TensorFlowKerasState so)."""
+    names = set(getattr(module, "__all__", None) or [n for n in dir(module) if not n.startswith("_")])
+    names |= {n for n in dir(module) if not n.startswith("_")
+              and (getattr(getattr(module, n), "__module__", "") or "").startswith("horovod")}
     return sorted(n for n in names if not inspect.ismodule(getattr(module, n)))
 
 
