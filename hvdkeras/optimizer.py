@@ -166,7 +166,8 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
             float16).
         op: `hvdkeras.Average` (default) or `hvdkeras.Sum`.
         backward_passes_per_step: accumulate gradients locally over this many `apply` calls and communicate
-            and apply them once.
+            and apply them once. As in Horovod, `iterations` counts the backward passes (every `apply`
+            call), and a learning-rate schedule is evaluated at that count.
         average_aggregated_gradients: divide the locally accumulated gradients by
             `backward_passes_per_step` before they are reduced. The default, False, is Horovod's: the k
             passes are summed. True makes k passes one step on a k times larger batch.
@@ -408,10 +409,15 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
             for acc in accs:
                 acc.assign(tf.zeros(acc.shape, dtype=acc.dtype))
 
+        def count_pass():
+            # As Horovod: `iterations` counts backward passes, so a pass that only accumulates counts too
+            # (the inner optimizer counts the pass that applies), and a schedule sees the pass count.
+            self.iterations.assign_add(1)
+
         keras.ops.cond(
             tf.equal(self._pass_counter % self.backward_passes_per_step, 0),
             apply_accumulated,
-            lambda: None,
+            count_pass,
         )
 
     def reduce_gradients(self, grads: Sequence[Any], variables: Sequence[Any]) -> list:
@@ -640,11 +646,24 @@ def unwrap(optimizer: Any, loss_scale: bool = True) -> Any:
     return optimizer
 
 
+def held_optimizers(model: Any) -> dict[str, Any]:
+    """The optimizers a model holds, by attribute: `optimizer` (what `compile` got) first, then any other
+    attribute holding one, such as a GAN's `d_optimizer` and `g_optimizer` that its own `compile` keeps."""
+    found: dict[str, Any] = {}
+    seen: set[int] = set()
+    candidates = [("optimizer", getattr(model, "optimizer", None)), *sorted(vars(model).items(), key=lambda kv: kv[0])]
+    for name, value in candidates:
+        if isinstance(value, keras.optimizers.Optimizer) and id(value) not in seen:
+            seen.add(id(value))
+            found[name] = value
+    return found
+
+
 _xla_warned = False
 
 
 def ensure_not_jit_compiled(model: Any) -> bool:
-    """Turns XLA off for a model whose optimizer is distributed; Horovod's ops cannot be XLA-compiled.
+    """Turns XLA off for a model with a distributed optimizer; Horovod's ops cannot be XLA-compiled.
 
     Call before the model's train function is made (callbacks do it in `set_model`). Warns once.
 
@@ -652,7 +671,7 @@ def ensure_not_jit_compiled(model: Any) -> bool:
         True when XLA was turned off.
     """
     global _xla_warned
-    if not isinstance(getattr(model, "optimizer", None), DistributedOptimizer):
+    if not any(isinstance(o, DistributedOptimizer) for o in held_optimizers(model).values()):
         return False
     if not getattr(model, "jit_compile", False):
         return False

@@ -175,7 +175,33 @@ def test_backward_passes_accumulate_and_communicate_every_k(monkeypatch, average
     # Horovod's default sums the passes (1+2+3 = 6), averaging gives 2; the fake second worker doubles it.
     for b, v in zip(before, model.trainable_variables):
         np.testing.assert_allclose(v.numpy(), b - 0.1 * expected, rtol=1e-6)
-    assert int(opt.iterations) == 1
+    assert int(opt.iterations) == 3  # Horovod's meaning: backward passes, not updates
+
+
+class _RateOfStep(keras.optimizers.schedules.LearningRateSchedule):
+    def __call__(self, step):
+        return 0.1 * (tf.cast(step, "float32") + 1.0)
+
+    def get_config(self):
+        return {}
+
+
+def test_backward_passes_count_as_iterations_and_schedules_see_that_count(monkeypatch):
+    """Horovod's test_gradient_aggregation / test_load_model_custom_optimizers under k=2, on Keras 3: every
+    backward pass adds 1 to `iterations`, and the schedule is evaluated at the count of the applying pass."""
+    FakeSeam(monkeypatch)
+    model = small_model()
+    before = [v.numpy() for v in model.trainable_variables]
+    opt = DistributedOptimizer(keras.optimizers.SGD(_RateOfStep()), backward_passes_per_step=2)
+    seen = []
+    for _ in range(4):
+        opt.apply([tf.ones(v.shape) for v in model.trainable_variables], model.trainable_variables)
+        seen.append(int(opt.iterations))
+    assert seen == [1, 2, 3, 4]
+    # The updates happen at passes 2 and 4, with iterations 1 and 3 before them: rates 0.2 and 0.4. Each
+    # sums 2 passes of 1, doubled by the fake second worker: 4.
+    for b, v in zip(before, model.trainable_variables):
+        np.testing.assert_allclose(v.numpy(), b - (0.2 + 0.4) * 4, rtol=1e-6)
 
 
 def test_mixed_float16_policy_gives_a_loss_scale_optimizer(hvd):
@@ -240,12 +266,12 @@ def test_saved_models_are_plain_keras_and_load_model_wraps_them_again(hvd, tmp_p
         assert loaded.optimizer.compression is hvdkeras.Compression.fp16
         assert loaded.optimizer.backward_passes_per_step == 2
         for restored in (plain, loaded):
-            assert int(restored.optimizer.iterations) == int(model.optimizer.iterations) == 2
+            assert int(restored.optimizer.iterations) == int(model.optimizer.iterations) == 4  # passes
             for a, b in zip(restored.optimizer.variables, model.optimizer.inner_optimizer.variables):
                 np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
         loaded.fit(x, y, batch_size=4, epochs=1, verbose=0)
-        # Two passes make one update; under mixed_float16 the loss scaler may skip an overflowing one.
-        assert int(loaded.optimizer.iterations) in ((2, 3) if kind == "mixed" else (3,))
+        # Two more passes; under mixed_float16 the loss scaler may skip counting an overflowing update.
+        assert int(loaded.optimizer.iterations) in ((5, 6) if kind == "mixed" else (6,))
     finally:
         keras.mixed_precision.set_global_policy("float32")
 
