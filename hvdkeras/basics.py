@@ -339,6 +339,55 @@ def _mismatch_message(everyone: list[list[tuple[str, tuple, str]]]) -> str:
     return "The workers built different models (their variable digests differ)."
 
 
+_WORDS = {1: tf.int8, 2: tf.int16, 4: tf.int32, 8: tf.int64}
+
+
+def checksums(variables: Sequence[Any]) -> list[int]:
+    """One integer per variable, computed from its bits: the sum of its words, wrapping as int64.
+
+    Integer sums do not depend on the order of summation, so two workers' checksums of a variable are
+    equal whenever its values are bit-identical; a real divergence makes them differ.
+    """
+    out = []
+    for var in variables:
+        value = tf.convert_to_tensor(var)
+        if value.dtype == tf.bool:
+            value = tf.cast(value, tf.int8)
+        words = value if value.dtype.is_integer else tf.bitcast(value, _WORDS[value.dtype.size])
+        out.append(int(tf.reduce_sum(tf.cast(words, tf.int64)).numpy()))
+    return out
+
+
+def check_in_sync(variables: Sequence[Any], when: str, hint: str = "") -> None:
+    """Raises on every worker, naming the first variable, when the workers' values of `variables` differ.
+
+    One allgather of one integer per variable (`checksums`). Data-parallel workers apply the same averaged
+    gradients to the same weights, so their trainable weights stay bit-identical; a difference means some
+    gradients were applied without being averaged, and the workers no longer train one model.
+
+    Args:
+        variables: the variables, in the same order on every worker.
+        when: when the check runs, for the message ("after epoch 1").
+        hint: what to do, appended to the message.
+
+    Raises:
+        RuntimeError: the values differ between workers.
+    """
+    variables = list(variables)
+    if not C.is_initialized() or C.size() == 1 or not variables:
+        return
+    everyone = C.allgather_object(checksums(variables), name="hvdkeras.check_models.checksums")
+    for rank, mine in enumerate(everyone[1:], start=1):
+        for i, (a, b) in enumerate(zip(everyone[0], mine)):
+            if a != b:
+                name = _describe(variables[i])[0]
+                raise RuntimeError(
+                    f"The workers' weights differ {when}: {name!r} (variable #{i} of {len(variables)}) is not "
+                    f"the same on rank 0 and rank {rank}, so the workers no longer train one model. {hint}"
+                    "To skip this check, pass check_models=False to BroadcastGlobalVariablesCallback or set "
+                    "HVDKERAS_CHECK_MODELS=0.")
+
+
 def broadcast_variables(variables: Iterable[Any], root_rank: int = 0, check: bool | None = None) -> None:
     """Sets every worker's variables to root_rank's values, in place.
 
