@@ -86,3 +86,30 @@ def test_atomic_path_never_leaves_a_partial_file(tmp_path):
             f.write("whole")
     assert target.read_text() == "whole"
     assert [p.name for p in tmp_path.iterdir()] == ["m.weights.h5"]
+
+
+def test_metric_average_averages_a_custom_steps_plain_logs(hvd, monkeypatch):
+    """A custom train_step's plain values (a GAN's d_loss) are averaged over the workers in the epoch's logs;
+    values that are the global metric results are left as they are."""
+    import hvdkeras
+    from hvdkeras import _collectives as C
+
+    monkeypatch.setattr(C, "size", lambda: 2)
+    reduced = []
+
+    def allreduce(tensor, op=C.Average, name=None, **kwargs):
+        reduced.append(name)
+        return tensor + 1.0  # the other worker's values are ours + 2
+
+    monkeypatch.setattr(C, "allreduce", allreduce)
+    cb = hvdkeras.callbacks.MetricAverageCallback()
+    cb._global = {"accuracy": np.float32(0.5)}
+    logs = {"d_loss": 1.0, "accuracy": 0.5, "learning_rate": 0.1, "images": np.zeros(3)}
+    cb.on_epoch_end(0, logs)
+    assert logs == {"d_loss": 2.0, "accuracy": 0.5, "learning_rate": 0.1, "images": logs["images"]}
+    assert reduced == ["hvdkeras.logs.epoch"]
+    test_logs = {"loss": 3.0}
+    cb.on_test_end(test_logs)  # an evaluation's plain values, then fit's "val_" copy of them stays
+    epoch_logs = {"loss": 1.0, "val_loss": test_logs["loss"]}
+    cb.on_epoch_end(1, epoch_logs)
+    assert test_logs == {"loss": 4.0} and epoch_logs == {"loss": 2.0, "val_loss": 4.0}
