@@ -281,3 +281,53 @@ def shard(
     if cardinality < 0 or by_file:
         result = result.apply(tf.data.experimental.assert_cardinality(per_shard))
     return result
+
+
+def shard_py_dataset(dataset: Any, *, num_shards: int | None = None, index: int | None = None,
+                     equal: bool = True) -> Any:
+    """This worker's batches of a `keras.utils.PyDataset` (a Keras 3 `Sequence`), as a PyDataset.
+
+    Batch i of the shard is batch `i * num_shards + index` of `dataset`, so the shards are disjoint and
+    cover it; with `equal` (for training) every shard has `len(dataset) // num_shards` batches and the last
+    `len(dataset) % num_shards` are dropped, with `equal=False` (for evaluation) none is. The dataset's
+    `on_epoch_begin` / `on_epoch_end` (where a PyDataset reshuffles) and its worker settings carry over.
+
+    Raises:
+        ValueError: a PyDataset without a length (infinite), or fewer batches than shards.
+    """
+    import keras
+
+    num_shards, index = _shard_position(num_shards, index)
+    total = dataset.num_batches
+    if total is None:
+        raise ValueError("shard_py_dataset needs a PyDataset with a length (__len__) to give every worker the "
+                         f"same number of steps. Received: {type(dataset).__name__} with num_batches=None")
+    per_shard, dropped = split_sizes(total, num_shards)
+    if per_shard == 0:
+        raise ValueError(f"shard_py_dataset needs at least one batch per worker. Received: a "
+                         f"{type(dataset).__name__} of {total} batches for num_shards={num_shards}")
+    length = per_shard if equal else len(range(index, total, num_shards))
+    if equal and dropped and rank_zero.is_rank_zero():
+        log.warning("hvdkeras.data.shard_py_dataset: dropped %d of %d batches so each of %d workers gets %d "
+                    "(equal steps).", dropped, total, num_shards, per_shard)
+
+    class PyDatasetShard(keras.utils.PyDataset):
+        def __init__(self):
+            super().__init__(workers=dataset.workers, use_multiprocessing=dataset.use_multiprocessing,
+                             max_queue_size=dataset.max_queue_size)
+
+        def __len__(self):
+            return length
+
+        def __getitem__(self, i):
+            if not 0 <= i < length:
+                raise IndexError(f"batch {i} of a shard of {length} batches")
+            return dataset[i * num_shards + index]
+
+        def on_epoch_begin(self):
+            dataset.on_epoch_begin()
+
+        def on_epoch_end(self):
+            dataset.on_epoch_end()
+
+    return PyDatasetShard()

@@ -6,8 +6,9 @@ Importing hvdkeras changes nothing in Keras. The patches, by name:
   first `DistributedOptimizer(...)`.
 - "sync_batch_norm" (`sync_batch_norm.install`): `keras.layers.BatchNormalization._moments` synchronizes
   layers made with `synchronized=True` across the workers. Installed by `init()`.
-- "wrap" (`wrap.install`): `keras.Model.compile`, `fit`, `evaluate`, `save`, `save_weights` and `export`
-  make an unmodified script data-parallel. Installed by `python -m hvdkeras` / `hvdkeras run` only.
+- "wrap" (`wrap.install`): `keras.Model.compile`, `compile_from_config`, `fit`, `evaluate`, `predict`,
+  `save`, `save_weights` and `export` (set on the Keras classes that define them) make an unmodified
+  script data-parallel. Installed by `python -m hvdkeras` / `hvdkeras run` only.
 
 `uninstall(name)` restores the attributes a patch replaced; `hvdkeras.shutdown()` undoes the one `init()`
 installed.

@@ -108,3 +108,24 @@ class SyncBatchNormalization(keras.layers.BatchNormalization):
     def _moments(self, inputs, mask):
         # Its own override, so this layer synchronizes whether or not `install()` patched Keras's layer.
         return _layer_moments(self, inputs, mask, keras.layers.BatchNormalization._moments)
+
+
+def average_moving_statistics(model: Any) -> None:
+    """Averages the moving mean and variance of the model's unsynchronized BatchNormalization layers
+    across the workers, so the workers hold one model again.
+
+    Each worker's moving statistics follow its own batches. Their update is the same affine map on every
+    worker (`m * old + (1 - m) * batch statistic`), so the average taken once equals what averaging after
+    every step gives: tf.distribute's MEAN aggregation of these variables. Synchronized layers (see
+    `SyncBatchNormalization`) see the global batch and agree already.
+    """
+    if not C.is_initialized() or C.size() == 1:
+        return
+    variables = [v for layer in model._flatten_layers(include_self=True, recursive=True)
+                 if isinstance(layer, keras.layers.BatchNormalization) and not getattr(layer, "synchronized", False)
+                 and layer.built for v in (layer.moving_mean, layer.moving_variance)]
+    if variables:
+        averaged = C.grouped_allreduce([tf.convert_to_tensor(v) for v in variables], op=C.Average,
+                                       name="hvdkeras.moving_statistics")
+        for var, value in zip(variables, averaged):
+            var.assign(value)

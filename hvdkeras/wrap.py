@@ -1,13 +1,17 @@
 """Patches that make an unmodified Keras 3 script data-parallel (`python -m hvdkeras script.py`).
 
-`install(options)` changes `keras.Model` for this process only:
+`install(options)` changes `keras.Model` (on the classes that define the methods) for this process only:
 - `compile`: the optimizer (instance, string or config dict) is scaled by the lr rule and wrapped in a
   DistributedOptimizer (inside a LossScaleOptimizer's place under mixed_float16); XLA is turned off.
-- `fit` / `evaluate`: datasets, arrays, dicts of arrays, `validation_split` and `validation_data` are sharded
-  with equal steps; broadcast, exact-metric (and warm-up) callbacks are added; progress on rank 0 only;
-  ModelCheckpoint / TensorBoard / CSVLogger / BackupAndRestore act on rank 0 only.
+  `compile_from_config` (what `load_model` calls) compiles the same way without scaling the saved rate.
+- `fit` / `evaluate`: datasets, arrays, dicts of arrays, PyDatasets, `validation_split` and
+  `validation_data` are sharded with equal steps; the optimizers a model holds besides `model.optimizer`
+  are wrapped too; broadcast, exact-metric, moving-statistics (and warm-up) callbacks are added; progress
+  on rank 0 only; ModelCheckpoint / TensorBoard / CSVLogger / BackupAndRestore act on rank 0 only.
+- The learning rate: warm-up until the script sets the rate itself, which then keeps it (`_Warmup`).
+- `predict`: progress on rank 0 only (every rank predicts all of its input).
 - `save`, `save_weights`, `export`: rank 0 writes (atomically), the others wait for it.
-`predict` is left as it is, and so is a model that the script compiles with a DistributedOptimizer itself.
+A model that the script compiles with a DistributedOptimizer itself is left as the script made it.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ import dataclasses
 import functools
 import hashlib
 import logging
+import math
 import os
 import warnings
 from typing import Any
@@ -26,11 +31,11 @@ import tensorflow as tf
 
 from hvdkeras import _collectives as C
 from hvdkeras import callbacks as hvd_callbacks
-from hvdkeras import data, patches, rank_zero, saving
+from hvdkeras import data, patches, rank_zero, saving, sync_batch_norm
 from hvdkeras._checks import check_int, env_bool, env_int
 from hvdkeras.compression import Compression
 from hvdkeras.learning_rate import RULES, scale_factor, scale_learning_rate
-from hvdkeras.optimizer import DistributedOptimizer, unwrap
+from hvdkeras.optimizer import DistributedOptimizer, held_optimizers, unwrap
 
 log = logging.getLogger("hvdkeras")
 
@@ -90,7 +95,7 @@ def options_from_env(environ: dict | None = None) -> dict:
     return out
 
 
-_state: dict[str, Any] = {"options": None, "warned": set(), "fits": []}
+_state: dict[str, Any] = {"options": None, "warned": set(), "fits": [], "loading": 0}
 
 
 def _warn_once(key: str, message: str) -> None:
@@ -110,16 +115,27 @@ def install(options: Options | None = None) -> None:
     Installing again only replaces the options.
     """
     _state["options"] = options or Options()
-    patches.install("wrap", [(keras.Model, name, _bind(getattr(keras.Model, name), replacement))
-                             for name, replacement in (("compile", _compile), ("fit", _fit), ("evaluate", _evaluate),
-                                                       ("save", _write_on_rank_zero),
-                                                       ("save_weights", _write_on_rank_zero), ("export", _export))])
+    replacements = (("compile", _compile), ("compile_from_config", _compile_from_config), ("fit", _fit),
+                    ("evaluate", _evaluate), ("predict", _predict), ("save", _write_on_rank_zero),
+                    ("save_weights", _write_on_rank_zero), ("export", _export))
+    patches.install("wrap", [(_owner(name), name, _bind(getattr(keras.Model, name), replacement))
+                             for name, replacement in replacements])
+
+
+def _owner(name: str) -> type:
+    """The class in keras.Model's MRO that defines `name`, where the patch goes.
+
+    Keras compares `type(model).compile` with its trainer's own `compile` to tell a model class that
+    overrides it (and `compile_from_config`, used by `load_model`, then skips compiling): a patch on the
+    defining class keeps that comparison true for every class that does not override it.
+    """
+    return next(cls for cls in keras.Model.__mro__ if name in vars(cls))
 
 
 def _bind(original, replacement):
     @functools.wraps(original)
     def method(self, *args, **kwargs):
-        if getattr(self, "_hvdkeras_explicit", False) and replacement not in (_compile, _fit):
+        if getattr(self, "_hvdkeras_explicit", False) and replacement not in (_compile, _compile_from_config, _fit):
             return original(self, *args, **kwargs)
         return replacement(original, self, *args, **kwargs)
 
@@ -137,7 +153,6 @@ def _opts() -> Options:
 
 # ---------------------------------------------------------------------------------------------- compile
 def _compile(original, model, optimizer="rmsprop", *args, **kwargs):
-    opts = _opts()
     # A script that compiles with a DistributedOptimizer uses hvdkeras's API itself: it shards its data,
     # adds its callbacks and gates its own writes (often `if hvd.rank() == 0: model.save(...)`, where a
     # wrapped save would wait for ranks that never call it). Such a model is left as the script made it.
@@ -145,36 +160,64 @@ def _compile(original, model, optimizer="rmsprop", *args, **kwargs):
     if model._hvdkeras_explicit:
         return original(model, optimizer, *args, **kwargs)
     if optimizer is not None:
-        optimizer = keras.optimizers.get(optimizer)
-        base = unwrap(optimizer)
-        current = base._learning_rate
-        scaled = False
-        if scale_factor(opts.lr_scaling) != 1.0:
-            if isinstance(current, keras.optimizers.schedules.LearningRateSchedule):
-                base.learning_rate = scale_learning_rate(current, opts.lr_scaling)
-            elif callable(current) and not isinstance(current, keras.Variable):
-                _warn_once("lr-callable", "the learning rate is a callable: it is not scaled with the world size")
-            else:
-                base.learning_rate = scale_learning_rate(float(base.learning_rate), opts.lr_scaling)
-                scaled = True
-        mixed = model.dtype_policy.name == "mixed_float16" and kwargs.get("auto_scale_loss", True)
-        if mixed and not isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
-            # What compile would do, but inside the DistributedOptimizer: the finiteness check must see
-            # the reduced gradients.
-            optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
-        optimizer = DistributedOptimizer(
-            optimizer,
-            compression=Compression.fp16 if opts.fp16_allreduce else Compression.none,
-            backward_passes_per_step=opts.backward_passes_per_step,
-            # --backward-passes-per-step K: K batches make one step on a K times larger batch.
-            average_aggregated_gradients=True,
-        )
-        model._hvdkeras_warmup_lr = float(unwrap(optimizer).learning_rate) if scaled else None
+        # A model being loaded keeps the learning rate it was saved with, as hvdkeras.load_model does.
+        optimizer, model._hvdkeras_warmup_lr = _distributed(model, optimizer, scale=not _state["loading"],
+                                                            loss_scale=kwargs.get("auto_scale_loss", True))
     if kwargs.get("jit_compile", "auto") not in (False, None) and optimizer is not None:
         if kwargs.get("jit_compile") is True:
             _warn_once("xla", "jit_compile turned off: Horovod's collectives cannot be compiled by XLA")
         kwargs["jit_compile"] = False
     return original(model, optimizer, *args, **kwargs)
+
+
+def _distributed(model, optimizer, scale: bool = True, loss_scale: bool = True):
+    """The script's optimizer (an instance, a string or a config) scaled by the lr rule and wrapped in a
+    DistributedOptimizer; also returns the scaled rate when a float rate was scaled (warm-up's target)."""
+    opts = _opts()
+    optimizer = keras.optimizers.get(optimizer)
+    base = unwrap(optimizer)
+    current = base._learning_rate
+    scaled = None
+    if scale and scale_factor(opts.lr_scaling) != 1.0:
+        if isinstance(current, keras.optimizers.schedules.LearningRateSchedule):
+            base.learning_rate = scale_learning_rate(current, opts.lr_scaling)
+        elif callable(current) and not isinstance(current, keras.Variable):
+            _warn_once("lr-callable", "the learning rate is a callable: it is not scaled with the world size")
+        else:
+            base.learning_rate = scale_learning_rate(float(base.learning_rate), opts.lr_scaling)
+            scaled = float(base.learning_rate)
+    mixed = model.dtype_policy.name == "mixed_float16" and loss_scale
+    if mixed and not isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
+        # What compile would do, but inside the DistributedOptimizer: the finiteness check must see
+        # the reduced gradients.
+        optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
+    optimizer = DistributedOptimizer(
+        optimizer,
+        compression=Compression.fp16 if opts.fp16_allreduce else Compression.none,
+        backward_passes_per_step=opts.backward_passes_per_step,
+        # --backward-passes-per-step K: K batches make one step on a K times larger batch.
+        average_aggregated_gradients=True,
+    )
+    return optimizer, scaled
+
+
+def _compile_from_config(original, model, config):
+    """`load_model` compiles the model it loads through here: its saved rate is not scaled again."""
+    _state["loading"] += 1
+    try:
+        return original(model, config)
+    finally:
+        _state["loading"] -= 1
+
+
+def _distribute_held_optimizers(model) -> None:
+    """Wraps the optimizers a model keeps besides `model.optimizer` (a GAN's own `compile(d_optimizer,
+    g_optimizer)`): its train_step applies them, so they must average the workers' gradients too."""
+    for name, optimizer in held_optimizers(model).items():
+        if name != "optimizer" and not isinstance(optimizer, DistributedOptimizer):
+            setattr(model, name, _distributed(model, optimizer)[0])
+            if rank_zero.is_rank_zero():
+                log.info("hvdkeras: model %r holds optimizer %r: wrapped in a DistributedOptimizer", model.name, name)
 
 
 # ------------------------------------------------------------------------------------------ fit / evaluate
@@ -189,8 +232,14 @@ def _shard_for_training(x, y, sw):
         return data.shard_arrays((x, y, sw))
     if isinstance(x, tf.data.Dataset):
         return data.shard(x), y, sw
+    if _is_py_dataset(x):
+        return data.shard_py_dataset(x), y, sw
     _unshardable(x, "x")
     return x, y, sw
+
+
+def _is_py_dataset(value: Any) -> bool:
+    return isinstance(value, keras.utils.PyDataset) and value.num_batches is not None
 
 
 def _shard_for_evaluation(value: Any) -> Any:
@@ -202,6 +251,8 @@ def _shard_for_evaluation(value: Any) -> Any:
         return value.shard(C.size(), C.rank())
     if _is_arrays(value):
         return data.shard_arrays(value, equal=False)
+    if _is_py_dataset(value):
+        return data.shard_py_dataset(value, equal=False)
     _unshardable(value, "validation data")
     return value
 
@@ -262,6 +313,61 @@ class _StepCounter(keras.callbacks.Callback):
         self.steps += 1
 
 
+class _MovingStatistics(keras.callbacks.Callback):
+    """Averages BatchNormalization's moving statistics across workers before each validation and at the
+    end of each epoch, so validation, checkpoints and the saved model use one model's statistics."""
+
+    def on_test_begin(self, logs=None):
+        sync_batch_norm.average_moving_statistics(self.model)
+
+    def on_epoch_end(self, epoch, logs=None):
+        sync_batch_norm.average_moving_statistics(self.model)
+
+
+class _Warmup(hvd_callbacks.LearningRateWarmupCallback):
+    """The warm-up of a learning rate that hvdkeras scaled, which hands the rate over to the script as soon as
+    the script sets it (its own callback, LearningRateScheduler, ReduceLROnPlateau, ...).
+
+    The rate is compared, before every batch, with the last value hvdkeras saw or set: a change it did not
+    make is the script's. From then on hvdkeras stops warming up (in this and later fits) and the rate is
+    whatever the script sets; a warning says so once.
+    """
+
+    def __init__(self, target: float, warmup_epochs: float):
+        super().__init__(target, warmup_epochs=warmup_epochs)
+        self._seen: float | None = None
+        self.handed_over = False
+
+    def _rate(self) -> float:
+        return float(keras.ops.convert_to_numpy(self.model.optimizer.learning_rate))
+
+    def _script_set_it(self) -> bool:
+        if not self.handed_over and self._seen is not None and self._rate() != self._seen:
+            self.handed_over = True
+            self.model._hvdkeras_warmup_lr = None
+            _warn_once("lr-script", f"the script sets the learning rate itself (to {self._rate():g}): from now on "
+                                    "hvdkeras neither scales nor warms it up, and the rates the script sets are "
+                                    "used as they are")
+        return self.handed_over
+
+    def _set_lr(self, lr: float) -> None:
+        if not self._script_set_it():
+            super()._set_lr(lr)
+            self._seen = self._rate()
+
+    def on_train_begin(self, logs=None):
+        self._seen = self._rate()
+
+    def on_train_batch_begin(self, batch, logs=None):
+        if not self._script_set_it():
+            super().on_train_batch_begin(batch, logs)
+
+    def on_epoch_end(self, epoch, logs=None):
+        super().on_epoch_end(epoch, None)  # the script's History gets no key of ours
+        if epoch >= math.ceil(self.warmup_epochs) - 1:
+            self.model._hvdkeras_warmup_lr = None  # warmed up once; later fits start at the scaled rate
+
+
 def _fit(original, model, *args, **kwargs):
     opts = _opts()
     kwargs = _named(original, args, kwargs)
@@ -273,14 +379,16 @@ def _fit(original, model, *args, **kwargs):
         _state["fits"].append(counter.steps)
         _report(model)
         return history
+    _distribute_held_optimizers(model)
     if not opts.no_shard:
         kwargs = _sharded_fit_inputs(kwargs)
     _check_fit_inputs(model, kwargs)
     callbacks = _rank_zero_callbacks(list(kwargs.get("callbacks") or []))
-    ours = [hvd_callbacks.BroadcastGlobalVariablesCallback(0), hvd_callbacks.MetricAverageCallback()]
+    ours = [hvd_callbacks.BroadcastGlobalVariablesCallback(0), hvd_callbacks.MetricAverageCallback(),
+            _MovingStatistics()]
     warm_lr = getattr(model, "_hvdkeras_warmup_lr", None)
-    if warm_lr is not None and opts.warmup_epochs > 0 and C.size() > 1:
-        ours.append(hvd_callbacks.LearningRateWarmupCallback(warm_lr, warmup_epochs=opts.warmup_epochs))
+    if warm_lr is not None and C.size() > 1:
+        ours.append(_Warmup(warm_lr, warmup_epochs=opts.warmup_epochs))
     counter = _StepCounter()
     # Ours first: their results (global metrics, identical weights) are what the script's callbacks see.
     kwargs["callbacks"] = ours + callbacks + [counter]
@@ -322,6 +430,15 @@ def _evaluate(original, model, *args, **kwargs):
             kwargs["x"] = _shard_for_evaluation(x)
     kwargs["callbacks"] = [hvd_callbacks.MetricAverageCallback()] + _rank_zero_callbacks(
         list(kwargs.get("callbacks") or []))
+    if not rank_zero.is_rank_zero():
+        kwargs["verbose"] = 0
+    return original(model, **kwargs)
+
+
+def _predict(original, model, *args, **kwargs):
+    """Every worker predicts all of its input, since the script uses the predictions; only rank 0 shows the
+    progress."""
+    kwargs = _named(original, args, kwargs)
     if not rank_zero.is_rank_zero():
         kwargs["verbose"] = 0
     return original(model, **kwargs)

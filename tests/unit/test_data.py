@@ -1,5 +1,6 @@
 """shard() in one process, faking num_shards/index: disjoint, covering, equal shards."""
 
+import keras
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -143,3 +144,35 @@ def test_infinite_and_too_small():
 def test_remainder_reported_once(caplog):
     data.shard(tf.data.Dataset.range(97), num_shards=2, index=0)
     assert "dropped 1 of 97" in caplog.text
+
+
+class Batches(keras.utils.PyDataset):
+    def __init__(self, n):
+        super().__init__(workers=1)
+        self.n, self.epochs_ended = n, 0
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        return np.full((2, 1), i, "float32"), np.zeros((2, 1), "float32")
+
+    def on_epoch_end(self):
+        self.epochs_ended += 1
+
+
+@pytest.mark.parametrize("equal, expected", [(True, [[0, 3], [1, 4], [2, 5]]), (False, [[0, 3, 6], [1, 4], [2, 5]])])
+def test_shard_py_dataset_partitions_the_batches(equal, expected):
+    source = Batches(7)
+    shards = [data.shard_py_dataset(source, num_shards=3, index=i, equal=equal) for i in range(3)]
+    assert [[int(s[j][0][0, 0]) for j in range(len(s))] for s in shards] == expected
+    assert all(isinstance(s, keras.utils.PyDataset) for s in shards)
+    shards[0].on_epoch_end()  # where a PyDataset reshuffles: the source's own hook runs
+    assert source.epochs_ended == 1
+    with pytest.raises(IndexError):
+        shards[0][len(shards[0])]
+
+
+def test_shard_py_dataset_needs_a_length_and_a_batch_per_worker():
+    with pytest.raises(ValueError, match="at least one batch per worker. Received: a Batches of 1 batches"):
+        data.shard_py_dataset(Batches(1), num_shards=2, index=0)

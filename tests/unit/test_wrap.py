@@ -6,6 +6,7 @@ import keras
 import numpy as np
 import pytest
 
+import hvdkeras
 from hvdkeras import _collectives as C
 from hvdkeras import wrap
 from hvdkeras.optimizer import DistributedOptimizer
@@ -78,7 +79,8 @@ def test_fit_shards_arrays_and_validation_split(installed, monkeypatch):
     assert seen["validation_split"] == 0.0
     assert seen["verbose"] == 0
     kinds = [type(cb).__name__ for cb in seen["callbacks"]]
-    assert kinds[:3] == ["BroadcastGlobalVariablesCallback", "MetricAverageCallback", "LearningRateWarmupCallback"]
+    assert kinds[:4] == ["BroadcastGlobalVariablesCallback", "MetricAverageCallback", "_MovingStatistics", "_Warmup"]
+    assert isinstance(seen["callbacks"][3], hvdkeras.callbacks.LearningRateWarmupCallback)
     assert "RankZeroOnly" in kinds
 
 
@@ -104,3 +106,116 @@ def test_a_script_compiling_with_a_distributed_optimizer_is_left_alone(installed
     monkeypatch.setattr(C, "rank", lambda: 1)
     m.save(tmp_path / "rank1.keras")  # the script asked for it on this rank: it is written, nothing waits
     assert (tmp_path / "rank1.keras").exists()
+
+
+def test_load_model_compiles_with_the_scripts_loss_and_keeps_the_saved_rate(installed, monkeypatch, tmp_path):
+    """keras.models.load_model in a job: Keras's compile_from_config compiles the model (the patch is on the
+    class that defines compile, so Keras does not take it for an override), with the saved loss and metrics,
+    and the saved rate is not scaled a second time."""
+    monkeypatch.setattr(C, "size", lambda: 2)
+    m = model()
+    m.compile(optimizer=keras.optimizers.Adam(0.001), loss="mse", metrics=["mae"])
+    m.save(tmp_path / "m.keras")
+    loaded = keras.models.load_model(tmp_path / "m.keras")
+    assert isinstance(loaded.optimizer, DistributedOptimizer)
+    assert loaded.loss == "mse" and loaded.compiled
+    assert float(loaded.optimizer.learning_rate) == pytest.approx(0.002)
+    assert loaded._hvdkeras_warmup_lr is None
+    result = loaded.evaluate(np.ones((4, 3), "float32"), np.zeros((4, 2), "float32"), return_dict=True, verbose=0)
+    assert set(result) == {"loss", "mae"}
+
+
+class TwoOptimizers(keras.Model):
+    """A GAN's shape: its own compile keeps two optimizers besides Keras's."""
+
+    def __init__(self):
+        super().__init__()
+        self.a = keras.layers.Dense(2)
+        self.b = keras.layers.Dense(2)
+
+    def compile(self, a_optimizer, b_optimizer):
+        super().compile()
+        self.a_optimizer = a_optimizer
+        self.b_optimizer = b_optimizer
+
+
+def test_fit_distributes_the_optimizers_a_model_holds(installed, monkeypatch):
+    monkeypatch.setattr(C, "size", lambda: 2)
+    m = TwoOptimizers()
+    m.compile(keras.optimizers.Adam(0.001), keras.optimizers.SGD(0.01))
+
+    def fake_fit(self, **kwargs):
+        pass
+
+    fake_fit.__signature__ = inspect.signature(keras.Model.fit.__wrapped__)
+    wrap._fit(fake_fit, m, np.ones((4, 3), "float32"))
+    assert isinstance(m.a_optimizer, DistributedOptimizer) and isinstance(m.b_optimizer, DistributedOptimizer)
+    assert float(m.a_optimizer.learning_rate) == pytest.approx(0.002)
+    assert float(m.b_optimizer.learning_rate) == pytest.approx(0.02)
+    assert list(hvdkeras.optimizer.held_optimizers(m)) == ["optimizer", "a_optimizer", "b_optimizer"]
+
+
+def test_predict_prints_progress_on_rank_zero_only(installed, monkeypatch):
+    seen = {}
+
+    def fake_predict(self, **kwargs):
+        seen.update(kwargs)
+
+    fake_predict.__signature__ = inspect.signature(keras.Model.predict.__wrapped__)
+    m = model()
+    x = np.ones((10, 3), "float32")
+    monkeypatch.setattr(C, "rank", lambda: 1)
+    wrap._predict(fake_predict, m, x, verbose=1)
+    assert seen["verbose"] == 0 and seen["x"] is x  # every worker predicts all of its input
+    monkeypatch.setattr(C, "rank", lambda: 0)
+    wrap._predict(fake_predict, m, x, verbose=1)
+    assert seen["verbose"] == 1
+
+
+def _warmup_in_fit(m):
+    warmup = wrap._Warmup(0.02, warmup_epochs=1)
+    warmup.set_model(m)
+    warmup.set_params({"steps": 4, "epochs": 2})
+    m._hvdkeras_warmup_lr = 0.02
+    warmup.on_train_begin()
+    warmup.on_epoch_begin(0)
+    return warmup
+
+
+def test_warmup_warms_up_while_the_script_leaves_the_rate_alone(hvd, monkeypatch):
+    monkeypatch.setattr(C, "size", lambda: 2)
+    m = model()
+    m.compile(optimizer=DistributedOptimizer(keras.optimizers.SGD(0.02)), loss="mse")
+    warmup = _warmup_in_fit(m)
+    rates = []
+    for batch in range(4):
+        warmup.on_train_batch_begin(batch)
+        rates.append(float(m.optimizer.learning_rate))
+    warmup.on_epoch_end(0, {})
+    assert rates == pytest.approx([0.01, 0.0125, 0.015, 0.0175])
+    assert float(m.optimizer.learning_rate) == pytest.approx(0.02)
+    assert not warmup.handed_over and m._hvdkeras_warmup_lr is None  # warmed up once: not again in a later fit
+
+
+@pytest.mark.parametrize("when", ["before the first batch", "after warm-up"])
+def test_warmup_hands_the_rate_over_when_the_script_sets_it(hvd, monkeypatch, when):
+    """The rule: once the script sets the rate (its own callback, LearningRateScheduler, ...), hvdkeras stops
+    warming up and the rate stays what the script set."""
+    monkeypatch.setattr(C, "size", lambda: 2)
+    m = model()
+    m.compile(optimizer=DistributedOptimizer(keras.optimizers.SGD(0.02)), loss="mse")
+    warmup = _warmup_in_fit(m)
+    if when == "after warm-up":
+        for batch in range(4):
+            warmup.on_train_batch_begin(batch)
+        warmup.on_epoch_end(0, {})
+        warmup.on_epoch_begin(1)
+    m.optimizer.learning_rate = 0.005  # what a LearningRateScheduler does in on_epoch_begin
+    with pytest.warns(UserWarning, match="sets the learning rate itself"):
+        wrap._state["warned"].discard("lr-script")
+        warmup.on_train_batch_begin(0)
+    for batch in range(1, 4):
+        warmup.on_train_batch_begin(batch)
+    warmup.on_epoch_end(1, {})
+    assert warmup.handed_over and float(m.optimizer.learning_rate) == pytest.approx(0.005)
+    assert m._hvdkeras_warmup_lr is None
