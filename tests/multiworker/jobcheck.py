@@ -51,7 +51,8 @@ def lines_by_rank(output: str, launcher: str) -> dict[int, list[str]]:
 
 
 def is_progress(line: str) -> bool:
-    return line.startswith("Epoch ") or "/step" in line
+    """Keras's own progress: "Epoch 3/12" and the per-epoch or progress-bar lines ("45/45 - 0s - 2ms/step")."""
+    return re.match(r"^Epoch \d+/\d+", line) is not None or "/step" in line
 
 
 def run_args(kind: str, out: Path, model_dir: Path, epochs: int = 1) -> list[str]:

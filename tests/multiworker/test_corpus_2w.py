@@ -1,0 +1,123 @@
+"""Keras 3 scripts in the style of the Keras guides (tests/multiworker/corpus), run unmodified: each as one
+plain Keras process and under `hvdkeras run -np 2`.
+
+workers/corpus_runner.py runs all the scripts in turn in one process (one launch per side, so the suite
+pays for two TensorFlow starts, not forty). For every script:
+- it exits cleanly on one process and on both workers;
+- the workers leave the same files as one process, and rank 1 writes none of them;
+- progress is printed by rank 0 only;
+- both ranks end with identical weights;
+- the two workers' final loss is at most LOSS_FACTOR times one process's, plus LOSS_SLACK. (Two workers
+  take half the steps per epoch, on twice the batch; hvdkeras scales the learning rate, or leaves it to
+  the script where the script sets it. They may end lower; the bound catches a job that diverges.)
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from pathlib import Path
+
+import pytest
+from jobcheck import is_progress
+
+from launch import HERE, VENV_BIN, WORKERS, run_jobs
+
+CORPUS = HERE / "corpus"
+PATTERNS = sorted(p.stem for p in CORPUS.glob("*.py"))
+LOSS_FACTOR, LOSS_SLACK = 1.25, 0.01
+RANK_LINE = re.compile(r"^\[(\d+)\]<std(?:out|err)>:(.*)$")
+
+
+def sections(output: str, ranked: bool) -> dict[tuple[int, str], list[str]]:
+    """(rank, script) -> the lines that rank printed between the script's begin and end markers."""
+    out: dict[tuple[int, str], list[str]] = {}
+    current: dict[int, str | None] = {}
+    for line in output.splitlines():
+        rank, text = 0, line
+        if ranked:
+            match = RANK_LINE.match(line)
+            if not match:
+                continue
+            rank, text = int(match.group(1)), match.group(2)
+        marker = re.match(r"^### corpus (\w+) (begin|end)$", text)
+        if marker:
+            current[rank] = marker.group(1) if marker.group(2) == "begin" else None
+        elif current.get(rank):
+            out.setdefault((rank, current[rank]), []).append(text)
+    return out
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    base = tmp_path_factory.mktemp("corpus")
+    runner = str(WORKERS / "corpus_runner.py")
+    jobs = run_jobs({
+        "one": ([sys.executable, runner, str(base / "one")], base / "one", None),
+        "two": ([str(VENV_BIN / "hvdkeras"), "run", "-np", "2", runner, str(base / "two")], base / "two", None),
+    }, timeout=900)
+
+    def results(side: str, rank: int) -> dict:
+        folder = base / side / "results" / f"rank{rank}"
+        return {p.stem: json.loads(p.read_text()) for p in folder.glob("*.json")}
+
+    return {"jobs": jobs, "one": results("one", 0), "two": {r: results("two", r) for r in (0, 1)},
+            "one_lines": sections(jobs["one"].output, ranked=False),
+            "two_lines": sections(jobs["two"].output, ranked=True)}
+
+
+def test_the_corpus_covers_the_patterns_users_write():
+    assert len(PATTERNS) >= 15
+    for needed in ("custom_train_step", "gan", "vae", "add_loss", "sample_and_class_weight", "multi_io",
+                   "validation_split", "early_stopping", "reduce_lr_on_plateau", "checkpoint_then_load_model",
+                   "fit_in_a_loop", "py_dataset", "steps_per_execution"):
+        assert needed in PATTERNS
+
+
+@pytest.mark.parametrize("name", PATTERNS)
+def test_script_runs_on_one_process_and_on_two_workers(corpus, name):
+    for where, result in [("one process", corpus["one"].get(name))] + [
+            (f"rank {r}", corpus["two"][r].get(name)) for r in (0, 1)]:
+        if result is None:
+            corpus["jobs"]["two" if "rank" in where else "one"].fail(f"{name}: no result from {where}")
+        assert result["error"] is None, f"{name} failed on {where}:\n{result['error']}"
+
+
+@pytest.mark.parametrize("name", PATTERNS)
+def test_same_files_as_one_process_written_by_rank0_only(corpus, name):
+    one, two = corpus["one"][name], [corpus["two"][r][name] for r in (0, 1)]
+    assert two[0]["files"] == one["files"]
+    assert two[1]["writes"] == [], f"rank 1 wrote {two[1]['writes']}"
+
+
+@pytest.mark.parametrize("name", PATTERNS)
+def test_progress_printed_once(corpus, name):
+    assert any(is_progress(line) for line in corpus["one_lines"].get((0, name), []))
+    assert any(is_progress(line) for line in corpus["two_lines"].get((0, name), [])), "rank 0 printed no progress"
+    printed = [line for line in corpus["two_lines"].get((1, name), []) if is_progress(line)]
+    assert printed == [], f"rank 1 printed progress: {printed[:3]}"
+
+
+@pytest.mark.parametrize("name", PATTERNS)
+def test_both_ranks_end_with_identical_weights(corpus, name):
+    assert corpus["two"][0][name]["digest"] == corpus["two"][1][name]["digest"]
+
+
+@pytest.mark.parametrize("name", PATTERNS)
+def test_final_loss_close_to_one_process(corpus, name):
+    one, two = corpus["one"][name]["loss"], corpus["two"][0][name]["loss"]
+    assert corpus["two"][1][name]["loss"] == two  # the logs are global on every rank
+    print(f"{name}: final loss one process {one:.4f}, two workers {two:.4f}")
+    assert two <= LOSS_FACTOR * one + LOSS_SLACK, f"{name}: two workers {two:.4f}, one process {one:.4f}"
+
+
+def test_exit_codes(corpus):
+    for side, job in corpus["jobs"].items():
+        if job.returncode != 0:
+            job.fail(f"the {side} side exited {job.returncode}")
+
+
+def test_corpus_folder_holds_only_scripts():
+    assert sorted(p.name for p in CORPUS.iterdir() if p.name != "__pycache__") == [f"{n}.py" for n in PATTERNS]
+    assert all(Path(CORPUS / f"{n}.py").read_text().startswith('"""') for n in PATTERNS)
