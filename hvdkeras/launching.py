@@ -7,13 +7,15 @@ job's rendezvous is (rank 0 hosts it, see `hvdkeras.rendezvous`). It reads, inne
 2. OpenMPI's mpirun (OMPI_COMM_WORLD_RANK/SIZE/LOCAL_RANK/LOCAL_SIZE).
 3. MPICH / Intel MPI (PMI_RANK, PMI_SIZE, MPI_LOCALRANKID, MPI_LOCALNRANKS).
 4. torchrun / Kubernetes (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT).
-5. Slurm's srun (SLURM_PROCID, SLURM_STEP_NUM_TASKS or SLURM_NTASKS, SLURM_LOCALID, SLURM_STEP_NODELIST,
+5. TF_CONFIG (Kubeflow's TFJob, Ray Train's TensorflowTrainer): the chief, then the workers (`_tf_config`).
+6. Slurm's srun (SLURM_PROCID, SLURM_STEP_NUM_TASKS or SLURM_NTASKS, SLURM_LOCALID, SLURM_STEP_NODELIST,
    SLURM_STEP_TASKS_PER_NODE, SLURM_JOB_ID, SLURM_STEP_ID).
 
 An inner launcher wins because it runs inside an outer one's allocation (mpirun inside an sbatch job sees
-the allocation's SLURM_* variables too). Overrides, for every launcher: HVDKERAS_RENDEZVOUS_ADDR and
-HVDKERAS_RENDEZVOUS_PORT (else MASTER_ADDR / MASTER_PORT), HVDKERAS_JOB_ID, HVDKERAS_IFACE (read by the
-rendezvous), and HVDKERAS_LAUNCHER=none to read no launcher at all.
+the allocation's SLURM_* variables too). TF_CONFIG is set per process by the platform that started it, so
+it comes before Slurm's variables, which reach every process started inside an allocation. Overrides, for
+every launcher: HVDKERAS_RENDEZVOUS_ADDR and HVDKERAS_RENDEZVOUS_PORT (else MASTER_ADDR / MASTER_PORT),
+HVDKERAS_JOB_ID, HVDKERAS_IFACE (read by the rendezvous), and HVDKERAS_LAUNCHER=none to read no launcher.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import itertools
+import json
 import re
 from typing import Mapping
 
@@ -171,7 +174,7 @@ def _address(environ: Mapping[str, str], local_size: int | None, size: int,
     )
 
 
-def _port(environ: Mapping[str, str], job_id: str | None, launcher: str) -> int:
+def _port(environ: Mapping[str, str], job_id: str | None, launcher: str, avoid: frozenset | set = frozenset()) -> int:
     for name in ("HVDKERAS_RENDEZVOUS_PORT", "MASTER_PORT"):
         if environ.get(name, "").strip():
             port = _int(environ, name, minimum=1)
@@ -183,7 +186,10 @@ def _port(environ: Mapping[str, str], job_id: str | None, launcher: str) -> int:
             f"{launcher}: no MASTER_PORT (or HVDKERAS_RENDEZVOUS_PORT) and no job id to derive a port from. "
             "Set MASTER_PORT to a free TCP port on rank 0's host, the same in every process."
         )
-    return derived_port(job_id)
+    port = derived_port(job_id)
+    while port in avoid:  # a port the launcher gave someone else (TF_CONFIG's servers)
+        port = PORT_BASE + (port - PORT_BASE + 1) % PORT_SPAN
+    return port
 
 
 def _read(environ: Mapping[str, str], names: tuple[str, ...]) -> tuple[str, ...]:
@@ -198,12 +204,12 @@ def _check_rank(launcher: str, rank_name: str, rank: int, size_name: str, size: 
 
 
 def _finish(environ, *, launcher, names, rank, size, local_rank, local_size, launcher_job, launcher_host=None,
-            mpi=False) -> LaunchEnv | None:
+            mpi=False, avoid_ports=frozenset()) -> LaunchEnv | None:
     if size == 1:
         return None
     addr, source = _address(environ, local_size, size, launcher_host, launcher)
     explicit_job = environ.get("HVDKERAS_JOB_ID", "").strip() or None
-    port = _port(environ, explicit_job or launcher_job, launcher)
+    port = _port(environ, explicit_job or launcher_job, launcher, avoid_ports)
     # Without an id from the launcher, every process still derives the same one from what they share.
     job_id = explicit_job or launcher_job or f"{launcher}:{addr}:{port}"
     read = names + tuple(n for n in ("HVDKERAS_RENDEZVOUS_ADDR", "HVDKERAS_RENDEZVOUS_PORT", "MASTER_ADDR",
@@ -278,6 +284,67 @@ def _slurm(environ):
                    launcher_host=launcher_host)
 
 
+TF_CONFIG_TASKS = ("chief", "worker")  # the task types that train, in rank order
+
+
+def _tf_config(environ):
+    """TF_CONFIG, as Kubeflow's TFJob, Ray Train's TensorflowTrainer and tf.distribute's platforms set it:
+    `{"cluster": {"chief": ["h0:p"], "worker": ["h1:p", "h2:p"]}, "task": {"type": "worker", "index": 0}}`.
+
+    Ranks: the chief first, then the workers in index order. Rank 0's host is the first of those addresses.
+    The rendezvous port is not one of the cluster's own ports (a TensorFlow server of the same job may bind
+    those): unless MASTER_PORT or HVDKERAS_RENDEZVOUS_PORT says otherwise, every process derives it from the
+    cluster spec (`derived_port`), skipping any port the spec lists. Local ranks come from the hosts.
+    """
+    raw = environ["TF_CONFIG"]
+    try:
+        config = json.loads(raw)
+    except ValueError as err:
+        raise LaunchEnvError(f"TF_CONFIG must be JSON with a 'cluster' and a 'task'. Received: TF_CONFIG={raw!r} "
+                             f"({err})") from None
+    cluster = config.get("cluster") if isinstance(config, dict) else None
+    task = config.get("task") if isinstance(config, dict) else None
+    if not isinstance(cluster, dict) or not isinstance(task, dict):
+        raise LaunchEnvError(f"TF_CONFIG must be a JSON object with a 'cluster' and a 'task'. Received: "
+                             f"TF_CONFIG={raw!r}")
+    kind, index = task.get("type"), task.get("index", 0)
+    if cluster.get("ps"):
+        raise LaunchEnvError(
+            f"TF_CONFIG describes a parameter-server job (its cluster has 'ps' tasks): hvdkeras trains data-"
+            f"parallel with 'chief' and 'worker' tasks only. Received: task {kind}:{index} in TF_CONFIG={raw!r}")
+    if kind not in TF_CONFIG_TASKS:
+        raise LaunchEnvError(
+            f"TF_CONFIG's task {kind!r} does not train: hvdkeras forms its job from the 'chief' and 'worker' tasks "
+            f"(run an evaluator as a job of its own, without TF_CONFIG). Received: task {kind}:{index} in "
+            f"TF_CONFIG={raw!r}")
+    addresses = []
+    for name in TF_CONFIG_TASKS:
+        listed = cluster.get(name) or []
+        if isinstance(listed, dict):  # sparse form {"0": "host:port"}
+            listed = [listed[k] for k in sorted(listed, key=int)]
+        if not isinstance(listed, list) or not all(isinstance(a, str) and a.strip() for a in listed):
+            raise LaunchEnvError(f"TF_CONFIG's cluster['{name}'] must be a list of 'host:port' strings. Received: "
+                                 f"TF_CONFIG={raw!r}")
+        addresses.append(listed)
+    chiefs, workers = addresses
+    count = len(chiefs) if kind == "chief" else len(workers)
+    if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < count:
+        raise LaunchEnvError(
+            f"TF_CONFIG's task index must be in [0, {count}), the number of '{kind}' tasks in its cluster. "
+            f"Received: task {kind}:{index!r} in TF_CONFIG={raw!r}")
+    ordered = chiefs + workers
+    size = len(ordered)
+    rank = index if kind == "chief" else len(chiefs) + index
+    hosts = [a.strip().rsplit(":", 1)[0].strip("[]") for a in ordered]
+    local_rank, local_size = hosts[:rank].count(hosts[rank]), hosts.count(hosts[rank])
+    job = "tfconfig-" + hashlib.sha256(json.dumps(ordered).encode()).hexdigest()[:16]
+    listed = [a for tasks in cluster.values() for a in (tasks.values() if isinstance(tasks, dict) else tasks)]
+    cluster_ports = {int(p) for p in (str(a).strip().rsplit(":", 1)[-1] for a in listed) if p.isdigit()}
+    return _finish(environ, launcher="TF_CONFIG", names=("TF_CONFIG",), rank=rank, size=size,
+                   local_rank=local_rank, local_size=local_size, launcher_job=job,
+                   launcher_host=(hosts[0], "TF_CONFIG"), avoid_ports=cluster_ports)
+
+
 def detect(environ: Mapping[str, str]) -> LaunchEnv | None:
     """The job this process's launcher started, or None when there is nothing for hvdkeras to form.
 
@@ -305,6 +372,8 @@ def detect(environ: Mapping[str, str]) -> LaunchEnv | None:
     for convention in _CONVENTIONS:
         if convention.rank in environ and convention.size in environ:
             return _read_convention(environ, convention)
+    if environ.get("TF_CONFIG", "").strip():
+        return _tf_config(environ)
     # SLURM_PROCID alone is also set in an sbatch script's own (batch) step, which is one process: only an
     # srun step (SLURM_STEP_NUM_TASKS) or a step id names a set of tasks.
     if "SLURM_PROCID" in environ and ("SLURM_STEP_NUM_TASKS" in environ or

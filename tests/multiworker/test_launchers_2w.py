@@ -1,8 +1,8 @@
 """One correct 2-worker job under each launcher on this host, never two silent single-worker jobs.
 
-Real Slurm (munged + slurmctld + slurmd started by a fixture), real OpenMPI mpirun, and two processes that
-only have the torchrun / Kubernetes variables; each on an unmodified Keras script and on a script that
-calls hvdkeras.init(). Then bad input: each a clear error within the bound, nothing hung.
+Real Slurm (munged + slurmctld + slurmd started by a fixture), real OpenMPI mpirun, two processes that
+only have the torchrun / Kubernetes variables, and two that only have TF_CONFIG; each on an unmodified Keras
+script and on a script that calls hvdkeras.init(). Then bad input: each a clear error within the bound, nothing hung.
 """
 
 import socket
@@ -75,6 +75,25 @@ def test_plain_rank_world_size_variables_form_one_job(tmp_path, kind):
     port = free_port()
     results = run_processes([(worker_command(kind, tmp_path, "RANK"), torch_env(r, port)) for r in (0, 1)],
                             tmp_path, timeout=LAUNCH_TIMEOUT)
+    assert [r.returncode for r in results] == [0, 0], show(results)
+    check_two_workers(tmp_path, kind, {r: results[r].output.splitlines() for r in (0, 1)})
+
+
+@pytest.mark.parametrize("kind", SCRIPTS)
+def test_tf_config_alone_forms_one_job(tmp_path, kind):
+    """Two processes with nothing but TF_CONFIG (a chief and a worker, as Kubeflow's TFJob sets it). The
+    chief's own port is held by a listening socket, as a TensorFlow server of the job would hold it: the
+    rendezvous must not need it."""
+    import json
+
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        cluster = {"chief": [f"127.0.0.1:{held.getsockname()[1]}"], "worker": [f"127.0.0.1:{free_port()}"]}
+        envs = [{"TF_CONFIG": json.dumps({"cluster": cluster, "task": {"type": kind_, "index": 0}}),
+                 "HVDKERAS_TEST_RANK": str(rank)} for rank, kind_ in enumerate(("chief", "worker"))]
+        results = run_processes([(worker_command(kind, tmp_path, "HVDKERAS_TEST_RANK"), env) for env in envs],
+                                tmp_path, timeout=LAUNCH_TIMEOUT)
     assert [r.returncode for r in results] == [0, 0], show(results)
     check_two_workers(tmp_path, kind, {r: results[r].output.splitlines() for r in (0, 1)})
 

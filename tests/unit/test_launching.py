@@ -147,3 +147,82 @@ def test_init_raises_when_the_launcher_says_2_and_horovod_has_1(hvd, monkeypatch
     assert "formed a job of size 1" in message and "HVDKERAS_LAUNCHER=none" in message
     monkeypatch.setenv("HVDKERAS_LAUNCHER", "none")
     hvd.init()  # on purpose: no error
+
+
+# TF_CONFIG as the platforms write it: Kubeflow's TFJob (training-operator: a chief and workers, service
+# names, port 2222, "environment": "cloud"), a TFJob of workers only, and Ray Train's TensorflowTrainer
+# (ray/train/tensorflow/config.py: every worker's "ip:free port", task type "worker").
+def tf_config(cluster: dict, kind: str, index: int, **extra) -> dict:
+    import json
+
+    return {"TF_CONFIG": json.dumps({"cluster": cluster, "task": {"type": kind, "index": index}, **extra})}
+
+
+TFJOB = {"chief": ["mnist-chief-0.kubeflow.svc:2222"],
+         "worker": ["mnist-worker-0.kubeflow.svc:2222", "mnist-worker-1.kubeflow.svc:2222"]}
+RAY = {"worker": ["10.0.0.5:41231", "10.0.0.6:39875", "10.0.0.5:44021"]}
+
+
+@pytest.mark.parametrize("kind, index, rank", [("chief", 0, 0), ("worker", 0, 1), ("worker", 1, 2)])
+def test_tf_config_tfjob_chief_then_workers(kind, index, rank):
+    env = detect(tf_config(TFJOB, kind, index, environment="cloud"))
+    assert (env.launcher, env.rank, env.size) == ("TF_CONFIG", rank, 3)
+    assert (env.rendezvous_addr, env.addr_source) == ("mnist-chief-0.kubeflow.svc", "TF_CONFIG")
+    assert (env.local_rank, env.local_size) == (0, 1)  # one task per pod
+    assert env.variables[0].startswith("TF_CONFIG=")
+
+
+def test_tf_config_workers_only_and_ray_train():
+    env = detect(tf_config({"worker": ["w0:2222", "w1:2222"]}, "worker", 1))
+    assert (env.rank, env.size, env.rendezvous_addr) == (1, 2, "w0")
+    ranks = [detect(tf_config(RAY, "worker", i)) for i in range(3)]
+    assert [(e.rank, e.local_rank, e.local_size) for e in ranks] == [(0, 0, 2), (1, 0, 1), (2, 1, 2)]
+    assert {e.rendezvous_addr for e in ranks} == {"10.0.0.5"}
+    # Every process derives the same port and job id from the cluster, and the port is none of the cluster's.
+    assert len({(e.rendezvous_port, e.job_id) for e in ranks}) == 1
+    assert ranks[0].rendezvous_port not in (41231, 39875, 44021, 2222)
+
+
+def test_tf_config_port_skips_the_cluster_ports():
+    cluster = {"worker": ["a:1", "b:1"]}
+    env = detect(tf_config(cluster, "worker", 0))
+    derived = launching.derived_port(env.job_id)
+    assert env.rendezvous_port == derived
+    # An evaluator's server port counts as taken too: the derived port moves on to the next one.
+    taken = detect(tf_config({**cluster, "evaluator": [f"e:{derived}"]}, "worker", 0))
+    assert taken.job_id == env.job_id and taken.rendezvous_port == derived + 1
+    assert launching._port({}, "job", "X", avoid={launching.derived_port("job")}) == launching.derived_port("job") + 1
+    with_port = detect({**tf_config(cluster, "worker", 1), "MASTER_PORT": "29400"})
+    assert with_port.rendezvous_port == 29400
+
+
+def test_tf_config_single_task_is_nothing_to_form():
+    assert detect(tf_config({"worker": ["localhost:12345"]}, "worker", 0)) is None
+
+
+@pytest.mark.parametrize("environ, message", [
+    ({"TF_CONFIG": "{not json"}, "TF_CONFIG must be JSON with a 'cluster' and a 'task'. Received: TF_CONFIG='{not"),
+    ({"TF_CONFIG": "[1]"}, "TF_CONFIG must be a JSON object with a 'cluster' and a 'task'"),
+    (tf_config({**TFJOB, "evaluator": ["e:2222"]}, "evaluator", 0),
+     "TF_CONFIG's task 'evaluator' does not train"),
+    (tf_config({**TFJOB, "ps": ["p:2222"]}, "worker", 0), "parameter-server job (its cluster has 'ps' tasks)"),
+    (tf_config({**TFJOB, "ps": ["p:2222"]}, "ps", 0), "Received: task ps:0"),
+    (tf_config(TFJOB, "worker", 2), "task index must be in [0, 2), the number of 'worker' tasks"),
+    (tf_config(TFJOB, "chief", 1), "Received: task chief:1"),
+    (tf_config({"worker": "w0:1"}, "worker", 0), "cluster['worker'] must be a list of 'host:port' strings"),
+])
+def test_bad_tf_config_raises_naming_the_variable_and_the_task(environ, message):
+    with pytest.raises(LaunchEnvError) as err:
+        detect(environ)
+    assert message in str(err.value)
+
+
+def test_tf_config_precedence():
+    """horovodrun, MPI and torchrun's variables come before TF_CONFIG; TF_CONFIG before Slurm's."""
+    job = tf_config(TFJOB, "worker", 0)
+    assert detect({**job, "HOROVOD_RANK": "0", "HOROVOD_SIZE": "3"}) is None
+    assert detect({**job, **MPIRUN_RANK0}).launcher == "OpenMPI"
+    assert detect({**job, "RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "n0", "MASTER_PORT": "1"}).launcher == \
+        "torchrun/Kubernetes"
+    assert detect({**job, **SRUN_TASK1}).launcher == "TF_CONFIG"
+    assert detect({**job, "HVDKERAS_LAUNCHER": "none"}) is None
