@@ -5,6 +5,8 @@ PYTHON ?= python3
 TF_SPEC ?= tensorflow-cpu==2.21.0
 # Keras 2 (tf-keras), only for the benchmark's comparison with Horovod's own Keras integration.
 TF_KERAS_SPEC ?= tf-keras==2.21.0
+# torch, only for its torchrun launcher in the launcher tests (the `torch` extra): the CPU build.
+TORCH_SPEC ?= torch==2.13.0
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.hvdkeras-installed
@@ -20,7 +22,8 @@ $(STAMP): setup.cfg pyproject.toml scripts/install_horovod.sh Makefile
 	$(PY) -m pip install --quiet --upgrade pip setuptools wheel
 	$(PY) -m pip install --quiet "$(TF_SPEC)" "keras>=3.0,<4" numpy
 	bash scripts/install_horovod.sh $(PY)
-	$(PY) -m pip install --quiet -e ".[test,examples,dev]"
+	$(PY) -m pip install --quiet "$(TORCH_SPEC)"
+	$(PY) -m pip install --quiet -e ".[test,examples,dev,torch]"
 	$(PY) -m pip install --quiet --no-deps "$(TF_KERAS_SPEC)"
 	$(VENV)/bin/horovodrun --check-build
 	touch $(STAMP)

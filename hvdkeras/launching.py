@@ -6,7 +6,9 @@ job's rendezvous is (rank 0 hosts it, see `hvdkeras.rendezvous`). It reads, inne
 1. horovodrun (HOROVOD_RANK or HOROVOD_GLOO_RENDEZVOUS_ADDR): Horovod forms the job itself; returns None.
 2. OpenMPI's mpirun (OMPI_COMM_WORLD_RANK/SIZE/LOCAL_RANK/LOCAL_SIZE).
 3. MPICH / Intel MPI (PMI_RANK, PMI_SIZE, MPI_LOCALRANKID, MPI_LOCALNRANKS).
-4. torchrun / Kubernetes (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT).
+4. torchrun / Kubernetes (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT). Under a
+   real torchrun (TORCHELASTIC_USE_AGENT_STORE=True) its agent's store holds MASTER_PORT, so the rendezvous
+   port is derived from TORCHELASTIC_RUN_ID and the store's address instead.
 5. TF_CONFIG (Kubeflow's TFJob, Ray Train's TensorflowTrainer): the chief, then the workers (`_tf_config`).
 6. Slurm's srun (SLURM_PROCID, SLURM_STEP_NUM_TASKS or SLURM_NTASKS, SLURM_LOCALID, SLURM_STEP_NODELIST,
    SLURM_STEP_TASKS_PER_NODE, SLURM_JOB_ID, SLURM_STEP_ID).
@@ -174,8 +176,15 @@ def _address(environ: Mapping[str, str], local_size: int | None, size: int,
     )
 
 
+def torchrun_agent_holds_master_port(environ: Mapping[str, str]) -> bool:
+    """torchrun's agent hosts its own TCPStore on MASTER_PORT and tells its workers so."""
+    return environ.get("TORCHELASTIC_USE_AGENT_STORE", "").strip().lower() == "true"
+
+
 def _port(environ: Mapping[str, str], job_id: str | None, launcher: str, avoid: frozenset | set = frozenset()) -> int:
     for name in ("HVDKERAS_RENDEZVOUS_PORT", "MASTER_PORT"):
+        if name == "MASTER_PORT" and torchrun_agent_holds_master_port(environ):
+            continue  # taken by torchrun's store: the port is derived, and is not MASTER_PORT
         if environ.get(name, "").strip():
             port = _int(environ, name, minimum=1)
             if port > 65535:
@@ -250,10 +259,17 @@ def _read_convention(environ, c: _Convention):
     size = _int(environ, c.size, 1)
     _check_rank(c.launcher, c.rank, rank, c.size, size)
     job = next((environ[n] for n in c.job_vars if environ.get(n)), None)
-    return _finish(environ, launcher=c.launcher, names=(c.rank, c.size, c.local_rank, c.local_size, *c.job_vars),
+    avoid: set[int] = set()
+    names = (c.rank, c.size, c.local_rank, c.local_size, *c.job_vars)
+    if torchrun_agent_holds_master_port(environ):
+        # torchrun names every job without --rdzv-id "none": its store's address tells two jobs apart.
+        job = f"{job}@{environ.get('MASTER_ADDR', '')}:{environ.get('MASTER_PORT', '')}"
+        avoid = {p for p in [_opt_int(environ, "MASTER_PORT", 1)] if p is not None}
+        names += ("TORCHELASTIC_USE_AGENT_STORE",)
+    return _finish(environ, launcher=c.launcher, names=names,
                    rank=rank, size=size, local_rank=_opt_int(environ, c.local_rank),
                    local_size=_opt_int(environ, c.local_size, 1),
-                   launcher_job=f"{c.job_prefix}-{job}" if job else None, mpi=c.mpi)
+                   launcher_job=f"{c.job_prefix}-{job}" if job else None, mpi=c.mpi, avoid_ports=avoid)
 
 
 def _slurm(environ):

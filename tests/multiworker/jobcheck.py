@@ -27,6 +27,7 @@ RANK_PREFIX = {
     "horovodrun": re.compile(r"^\[(\d+)\]<std(?:out|err)>:"),
     "srun": re.compile(r"^\s*(\d+): "),
     "mpirun": re.compile(r"^\[\d+,(\d+)\]<std(?:out|err)>:"),
+    "torchrun": re.compile(r"^\[default(\d+)\]:"),  # --tee 3; the local rank
 }
 
 

@@ -10,7 +10,7 @@ import sys
 import time
 
 import pytest
-from jobcheck import SCRIPTS, check_two_workers, lines_by_rank, run_args
+from jobcheck import SCRIPTS, check_two_workers, lines_by_rank, run_args, worker_command
 from lab import POD0, LabHosts, require
 
 from launch import REPO, VENV_BIN, Started, run_command, show
@@ -46,6 +46,25 @@ def test_ssh_less_run_on_each_host_forms_one_job(hosts, tmp_path, kind):
         assert [reports[r]["cross_size"] for r in (0, 1)] == [2, 2]
         # Across hosts hvdkeras sets Horovod's cycle time to 5 ms (unless set).
         assert [reports[r]["horovod_cycle_time"] for r in (0, 1)] == ["5", "5"]
+    assert hosts.processes() == {"hosta": [], "hostb": []}
+
+
+@pytest.mark.parametrize("kind", SCRIPTS)
+def test_torchrun_across_the_two_hosts_forms_one_job(hosts, tmp_path, kind):
+    """`torchrun --nnodes 2` once on each host (static rendezvous at hosta): its store holds the master port
+    on hosta, and hvdkeras's rendezvous finds another."""
+    torchrun = VENV_BIN / "torchrun"
+    assert torchrun.exists(), "torchrun is missing: make install puts the torch extra in .venv"
+    port = 29630 + SCRIPTS.index(kind)
+    commands = [(hosts.ns(host, str(torchrun), "--nnodes", "2", "--node-rank", str(n), "--nproc-per-node", "1",
+                          "--master-addr", hosts.NAMES[0], "--master-port", str(port), "--tee", "3", "--no-python",
+                          *worker_command(kind, tmp_path, "RANK")), {})
+                for n, host in enumerate(hosts.NAMES)]
+    results = Started(commands, tmp_path).wait(LAUNCH_TIMEOUT)
+    assert [r.returncode for r in results] == [0, 0], show(results)
+    # Each host's torchrun prefixes its one worker's lines with its local rank, 0: the host is the rank.
+    lines = {n: lines_by_rank(results[n].output, "torchrun").get(0, []) for n in (0, 1)}
+    check_two_workers(tmp_path, kind, lines)
     assert hosts.processes() == {"hosta": [], "hostb": []}
 
 

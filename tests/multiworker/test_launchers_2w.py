@@ -79,6 +79,21 @@ def test_plain_rank_world_size_variables_form_one_job(tmp_path, kind):
     check_two_workers(tmp_path, kind, {r: results[r].output.splitlines() for r in (0, 1)})
 
 
+TORCHRUN = REPO / ".venv" / "bin" / "torchrun"  # the `torch` extra, installed by make install
+
+
+@pytest.mark.parametrize("kind", SCRIPTS)
+def test_torchrun_forms_one_job(tmp_path, kind):
+    """A real torchrun: its agent's store holds MASTER_PORT, so hvdkeras's rendezvous must use another port."""
+    assert TORCHRUN.exists(), "torchrun is missing: make install puts the torch extra in .venv"
+    cmd = [str(TORCHRUN), "--nproc-per-node", "2", "--tee", "3", "--no-python",
+           *worker_command(kind, tmp_path, "RANK")]
+    job = run_command(cmd, tmp_path, timeout=LAUNCH_TIMEOUT)
+    if job.returncode != 0:
+        job.fail(f"torchrun exited {job.returncode}")
+    check_two_workers(tmp_path, kind, lines_by_rank(job.output, "torchrun"))
+
+
 @pytest.mark.parametrize("kind", SCRIPTS)
 def test_tf_config_alone_forms_one_job(tmp_path, kind):
     """Two processes with nothing but TF_CONFIG (a chief and a worker, as Kubeflow's TFJob sets it). The

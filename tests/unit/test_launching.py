@@ -226,3 +226,30 @@ def test_tf_config_precedence():
         "torchrun/Kubernetes"
     assert detect({**job, **SRUN_TASK1}).launcher == "TF_CONFIG"
     assert detect({**job, "HVDKERAS_LAUNCHER": "none"}) is None
+
+
+# Recorded from a real `torchrun --nproc-per-node 2` (torch 2.13.0) worker, rank 1.
+TORCHRUN_RANK1 = {
+    "GROUP_RANK": "0", "GROUP_WORLD_SIZE": "1", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2", "MASTER_ADDR": "localhost",
+    "MASTER_PORT": "42095", "RANK": "1", "ROLE_NAME": "default", "ROLE_RANK": "1", "ROLE_WORLD_SIZE": "2",
+    "TORCHELASTIC_MAX_RESTARTS": "0", "TORCHELASTIC_RESTART_COUNT": "0",
+    "TORCHELASTIC_RUN_ID": "117edc0e-5d7d-4a41-928c-e9647f3e4415", "TORCHELASTIC_USE_AGENT_STORE": "True",
+    "WORLD_SIZE": "2",
+}
+
+
+def test_real_torchrun_leaves_master_port_to_its_agent_store():
+    env = detect(TORCHRUN_RANK1)
+    assert (env.launcher, env.rank, env.size, env.local_rank, env.local_size) == ("torchrun/Kubernetes", 1, 2, 1, 2)
+    assert env.rendezvous_addr == "localhost"
+    assert env.rendezvous_port != 42095  # the agent's TCPStore listens there
+    assert env.job_id == "torch-117edc0e-5d7d-4a41-928c-e9647f3e4415@localhost:42095"
+    assert env.rendezvous_port == launching.derived_port(env.job_id)
+    assert env.rendezvous_port == detect({**TORCHRUN_RANK1, "RANK": "0", "LOCAL_RANK": "0"}).rendezvous_port
+    # Two torchrun jobs without --rdzv-id both say "none": their stores' ports tell them apart.
+    none = {**TORCHRUN_RANK1, "TORCHELASTIC_RUN_ID": "none"}
+    assert detect(none).job_id != detect({**none, "MASTER_PORT": "42096"}).job_id
+    assert detect({**TORCHRUN_RANK1, "HVDKERAS_RENDEZVOUS_PORT": "4000"}).rendezvous_port == 4000
+    # Without torchrun's agent (Kubernetes, hvdkeras run --nnodes) MASTER_PORT is the rendezvous port.
+    plain = {k: v for k, v in TORCHRUN_RANK1.items() if not k.startswith("TORCHELASTIC")}
+    assert detect(plain).rendezvous_port == 42095
