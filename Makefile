@@ -23,7 +23,7 @@ $(STAMP): setup.cfg pyproject.toml scripts/install_horovod.sh Makefile
 	$(PY) -m pip install --quiet "$(TF_SPEC)" "keras>=3.0,<4" numpy
 	bash scripts/install_horovod.sh $(PY)
 	$(PY) -m pip install --quiet "$(TORCH_SPEC)"
-	$(PY) -m pip install --quiet -e ".[test,examples,dev,torch]"
+	$(PY) -m pip install --quiet -e ".[test,examples,dev,torch,spark]"
 	$(PY) -m pip install --quiet --no-deps "$(TF_KERAS_SPEC)"
 	$(VENV)/bin/horovodrun --check-build
 	touch $(STAMP)

@@ -99,3 +99,18 @@ def test_sync_batch_normalization_matches_horovod_tensorflow(hvd):
     x = np.random.default_rng(0).normal(size=(8, 3)).astype("float32")  # one worker: plain batch norm
     np.testing.assert_allclose(hvdkeras.SyncBatchNormalization()(x, training=True),
                                keras.layers.BatchNormalization()(x, training=True), atol=1e-5)
+
+
+def test_spark_run_has_horovod_spark_runs_parameters():
+    import horovod.spark
+
+    import hvdkeras.spark
+
+    theirs = inspect.signature(horovod.spark.run).parameters
+    ours = inspect.signature(hvdkeras.spark.run).parameters
+    assert list(ours)[:len(theirs)] == list(theirs)
+    for name, param in theirs.items():
+        if name == "kwargs":  # Horovod's mutable default {}; None means the same: no keyword arguments
+            assert param.default == {} and ours[name].default is None
+        else:
+            assert ours[name].default == param.default, name
