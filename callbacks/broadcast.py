@@ -99,7 +99,7 @@ def broadcast_at_first_step(model, root_rank: int = 0, check: bool | None = None
     (outside the graph being traced), before the original step computes anything. Every worker traces its
     first step at the same point of `fit`.
     """
-    model.__dict__.pop("train_step", None)  # a fit that failed in its first step left ours behind
+    _remove_first_step(model)  # a fit that failed in its first step left ours behind
     original = model.train_step
     done = []
 
@@ -112,11 +112,17 @@ def broadcast_at_first_step(model, root_rank: int = 0, check: bool | None = None
                     broadcast_model(model, root_rank, check=check, local_variables=local_variables,
                                     device=device)
             finally:
-                model.__dict__.pop("train_step", None)  # later fits and retraces use the model's own step
+                _remove_first_step(model)  # later fits and retraces use the model's own step
         return original(data)
 
+    train_step._hvdkeras_first_step = True
     model.train_step = train_step
     model.make_train_function(force=True)
+
+
+def _remove_first_step(model) -> None:
+    if getattr(model.__dict__.get("train_step"), "_hvdkeras_first_step", False):
+        del model.__dict__["train_step"]
 
 
 def _undistributed(model) -> list[str]:
