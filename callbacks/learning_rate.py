@@ -81,6 +81,9 @@ class LearningRateScheduleCallback(HvdCallback):
     def _active(self, epoch: float) -> bool:
         return epoch >= self.start_epoch and (self.end_epoch is None or epoch < self.end_epoch)
 
+    def _current_lr(self) -> float:
+        return float(keras.ops.convert_to_numpy(self.model.optimizer.learning_rate))
+
     def _set_lr(self, lr: float) -> None:
         optimizer = self.model.optimizer
         if isinstance(unwrap(optimizer)._learning_rate, keras.optimizers.schedules.LearningRateSchedule):
@@ -89,7 +92,7 @@ class LearningRateScheduleCallback(HvdCallback):
                 "LearningRateSchedule. Use a float learning rate, or scale the schedule with "
                 "hvdkeras.scale_learning_rate instead."
             )
-        old = float(keras.ops.convert_to_numpy(optimizer.learning_rate))
+        old = self._current_lr()
         if self.momentum_correction and old > 0 and lr != old:
             for slot in _momentum_slots(optimizer):
                 slot.assign(slot * (lr / old))
@@ -110,7 +113,7 @@ class LearningRateScheduleCallback(HvdCallback):
 
     def on_epoch_end(self, epoch, logs=None):
         if logs is not None:
-            logs["learning_rate"] = float(keras.ops.convert_to_numpy(self.model.optimizer.learning_rate))
+            logs["learning_rate"] = self._current_lr()
 
 
 def _check_epoch(name, value):

@@ -303,6 +303,12 @@ def _slurm(environ):
 TF_CONFIG_TASKS = ("chief", "worker")  # the task types that train, in rank order
 
 
+def split_address(address: str) -> tuple[str, str]:
+    """("host", "port") of "host:port" ("[::1]:80" gives "::1"); the port is "" when there is none."""
+    host, _, port = address.strip().rpartition(":")
+    return (host.strip("[]"), port) if host else (address.strip().strip("[]"), "")
+
+
 def _tf_config(environ):
     """TF_CONFIG, as Kubeflow's TFJob, Ray Train's TensorflowTrainer and tf.distribute's platforms set it:
     `{"cluster": {"chief": ["h0:p"], "worker": ["h1:p", "h2:p"]}, "task": {"type": "worker", "index": 0}}`.
@@ -351,11 +357,11 @@ def _tf_config(environ):
     ordered = chiefs + workers
     size = len(ordered)
     rank = index if kind == "chief" else len(chiefs) + index
-    hosts = [a.strip().rsplit(":", 1)[0].strip("[]") for a in ordered]
+    hosts = [split_address(a)[0] for a in ordered]
     local_rank, local_size = hosts[:rank].count(hosts[rank]), hosts.count(hosts[rank])
     job = "tfconfig-" + hashlib.sha256(json.dumps(ordered).encode()).hexdigest()[:16]
     listed = [a for tasks in cluster.values() for a in (tasks.values() if isinstance(tasks, dict) else tasks)]
-    cluster_ports = {int(p) for p in (str(a).strip().rsplit(":", 1)[-1] for a in listed) if p.isdigit()}
+    cluster_ports = {int(p) for p in (split_address(str(a))[1] for a in listed) if p.isdigit()}
     return _finish(environ, launcher="TF_CONFIG", names=("TF_CONFIG",), rank=rank, size=size,
                    local_rank=local_rank, local_size=local_size, launcher_job=job,
                    launcher_host=(hosts[0], "TF_CONFIG"), avoid_ports=cluster_ports)

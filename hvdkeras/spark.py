@@ -26,6 +26,8 @@ import threading
 import time
 from typing import Any, Callable
 
+from hvdkeras.launching import split_address
+
 DEFAULT_START_TIMEOUT = 600  # seconds, as horovod.spark.run (HOROVOD_SPARK_START_TIMEOUT)
 
 
@@ -152,17 +154,13 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _host(address: str) -> str:
-    return address.rsplit(":", 1)[0].strip("[]")
-
-
 def _run_rank(payload: bytes, settings: dict) -> dict:
     """One barrier task: find the job, run `fn` in a fresh process, return its result or its error."""
     from pyspark import BarrierTaskContext
 
     ctx = BarrierTaskContext.get()
     rank = ctx.partitionId()
-    hosts = [_host(info.address) for info in ctx.getTaskInfos()]
+    hosts = [split_address(info.address)[0] for info in ctx.getTaskInfos()]
     ports = ctx.allGather(str(_free_port()) if rank == 0 else "")
     environ = {**os.environ, **settings["env"],
                "RANK": str(rank), "WORLD_SIZE": str(len(hosts)),

@@ -338,25 +338,22 @@ class _Warmup(hvd_callbacks.LearningRateWarmupCallback):
         self._seen: float | None = None
         self.handed_over = False
 
-    def _rate(self) -> float:
-        return float(keras.ops.convert_to_numpy(self.model.optimizer.learning_rate))
-
     def _script_set_it(self) -> bool:
-        if not self.handed_over and self._seen is not None and self._rate() != self._seen:
+        if not self.handed_over and self._seen is not None and self._current_lr() != self._seen:
             self.handed_over = True
             self.model._hvdkeras_warmup_lr = None
-            _warn_once("lr-script", f"the script sets the learning rate itself (to {self._rate():g}): from now on "
-                                    "hvdkeras neither scales nor warms it up, and the rates the script sets are "
-                                    "used as they are")
+            _warn_once("lr-script", f"the script sets the learning rate itself (to {self._current_lr():g}): from "
+                                    "now on hvdkeras neither scales nor warms it up, and the rates the script sets "
+                                    "are used as they are")
         return self.handed_over
 
     def _set_lr(self, lr: float) -> None:
         if not self._script_set_it():
             super()._set_lr(lr)
-            self._seen = self._rate()
+            self._seen = self._current_lr()
 
     def on_train_begin(self, logs=None):
-        self._seen = self._rate()
+        self._seen = self._current_lr()
 
     def on_train_batch_begin(self, batch, logs=None):
         if not self._script_set_it():

@@ -20,14 +20,13 @@ import sys
 from pathlib import Path
 
 import pytest
-from jobcheck import is_progress
+from jobcheck import RANK_PREFIX, is_progress
 
 from launch import HERE, VENV_BIN, WORKERS, run_jobs
 
 CORPUS = HERE / "corpus"
 PATTERNS = sorted(p.stem for p in CORPUS.glob("*.py"))
 LOSS_FACTOR, LOSS_SLACK = 1.25, 0.01
-RANK_LINE = re.compile(r"^\[(\d+)\]<std(?:out|err)>:(.*)$")
 
 
 def sections(output: str, ranked: bool) -> dict[tuple[int, str], list[str]]:
@@ -37,10 +36,10 @@ def sections(output: str, ranked: bool) -> dict[tuple[int, str], list[str]]:
     for line in output.splitlines():
         rank, text = 0, line
         if ranked:
-            match = RANK_LINE.match(line)
+            match = RANK_PREFIX["horovodrun"].match(line)
             if not match:
                 continue
-            rank, text = int(match.group(1)), match.group(2)
+            rank, text = int(match.group(1)), line[match.end():]
         marker = re.match(r"^### corpus (\w+) (begin|end)$", text)
         if marker:
             current[rank] = marker.group(1) if marker.group(2) == "begin" else None
