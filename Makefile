@@ -7,6 +7,8 @@ TF_SPEC ?= tensorflow-cpu==2.21.0
 TF_KERAS_SPEC ?= tf-keras==2.21.0
 # torch, only for its torchrun launcher in the launcher tests (the `torch` extra): the CPU build.
 TORCH_SPEC ?= torch==2.13.0
+# Ray Train for hvdkeras.ray and its tests (the `ray` extra), at the version the tests ran with.
+RAY_SPEC ?= ray[train]==2.60.0
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.hvdkeras-installed
@@ -22,8 +24,8 @@ $(STAMP): setup.cfg pyproject.toml scripts/install_horovod.sh Makefile
 	$(PY) -m pip install --quiet --upgrade pip setuptools wheel
 	$(PY) -m pip install --quiet "$(TF_SPEC)" "keras>=3.0,<4" numpy
 	bash scripts/install_horovod.sh $(PY)
-	$(PY) -m pip install --quiet "$(TORCH_SPEC)"
-	$(PY) -m pip install --quiet -e ".[test,examples,dev,torch,spark]"
+	$(PY) -m pip install --quiet "$(TORCH_SPEC)" "$(RAY_SPEC)"
+	$(PY) -m pip install --quiet -e ".[test,examples,dev,torch,spark,ray]"
 	$(PY) -m pip install --quiet --no-deps "$(TF_KERAS_SPEC)"
 	$(VENV)/bin/horovodrun --check-build
 	touch $(STAMP)

@@ -97,4 +97,5 @@ def test_every_third_party_import_is_a_declared_dependency():
             undeclared[str(path.relative_to(repo))] = third_party - allowed
     assert undeclared == {}, f"imported but not declared: {undeclared}"
     assert extras["spark"] >= {"pyspark", "cloudpickle"}
+    assert extras["ray"] >= {"ray"}
     assert {"psutil", "packaging"} <= declared
