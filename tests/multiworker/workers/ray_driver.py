@@ -9,7 +9,7 @@ Every scenario is Ray's own TensorflowTrainer with a loop that calls hvdkeras.in
 - restart: FailureConfig(max_failures=1); 2 workers, 4 epochs, hvdkeras.ray.ReportCheckpointCallback. Rank 1
   SIGKILLs itself in the middle of epoch 3 of the first attempt; Ray restarts both, and they resume from
   the checkpoint of epoch 2.
-- elastic: ScalingConfig(num_workers=(1, 2)), FailureConfig(max_failures=3), 10 epochs; the test takes the
+- elastic: ScalingConfig(num_workers=(1, 2)), FailureConfig(max_failures=3), 8 epochs; the test takes the
   second host's node away and brings it back. While OUT/elastic/hold exists, workers wait at each epoch end
   (so a one-worker attempt cannot finish before the node is back).
 
@@ -152,6 +152,11 @@ def describe(result):
 
 
 ray.init(address=ADDRESS, log_to_driver=True)
+deadline = time.monotonic() + 90
+while sum(node["Alive"] for node in ray.nodes()) < 2:  # the second host's node may still be joining
+    if time.monotonic() > deadline:
+        raise SystemExit(f"the Ray cluster has not 2 alive nodes after 90 s: {ray.nodes()}")
+    time.sleep(0.5)
 results = {}
 for scenario in sys.argv[3:]:
     start = time.monotonic()
@@ -165,7 +170,7 @@ for scenario in sys.argv[3:]:
         elif scenario == "elastic":
             job = trainer("elastic", train_resumable,
                           ScalingConfig(num_workers=(1, 2), elastic_resize_monitor_interval_s=3.0),
-                          failures=3, epochs=10, hold=os.path.join(OUT, "elastic", "hold"))
+                          failures=3, epochs=8, hold=os.path.join(OUT, "elastic", "hold"))
         else:
             raise ValueError(f"no scenario {scenario!r}")
         results[scenario] = describe(job.fit())
