@@ -11,6 +11,7 @@
 """
 
 import argparse
+import concurrent.futures
 import datetime
 import json
 import os
@@ -108,6 +109,15 @@ def plot(results: dict, path: Path) -> None:
     fig.savefig(path, dpi=90)
 
 
+def independent(launches: dict, at_once: bool) -> dict:
+    """Runs independent launches (name -> function) one after the other, or all at the same time."""
+    if not at_once:
+        return {name: launch() for name, launch in launches.items()}
+    with concurrent.futures.ThreadPoolExecutor(len(launches)) as pool:
+        futures = {name: pool.submit(launch) for name, launch in launches.items()}
+        return {name: future.result() for name, future in futures.items()}
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="tiny sizes (a smoke run, no meaningful numbers)")
@@ -135,19 +145,33 @@ def main(argv=None) -> int:
             runs["hvdkeras_fit"].append(measured("overhead-hvdkeras")["step_s"] * 1e3)
             runs["raw_horovod_loop"].append(measured("overhead-raw")["step_s"] * 1e3)
         step_ms = {name: statistics.median(values) for name, values in runs.items()}
-        try:
-            step_ms["horovod_keras2_fit"] = worker("overhead-keras2", 2, tmp, args.quick,
-                                                   env={"TF_USE_LEGACY_KERAS": "1"})["step_s"] * 1e3
-        except RuntimeError as err:  # tf-keras missing: report, keep the other figures
-            results["horovod_keras2_error"] = str(err).splitlines()[-1]
+        epochs = 2 if args.quick else 12
+
+        def keras2():
+            try:
+                return worker("overhead-keras2", 2, tmp, args.quick, env={"TF_USE_LEGACY_KERAS": "1"})
+            except RuntimeError as err:  # tf-keras missing: report, keep the other figures
+                return {"error": str(err).splitlines()[-1]}
+
+        # These launches are independent. A real run times them one by one; a smoke run, whose figures mean
+        # nothing, starts them all at once.
+        done = independent({"keras2": keras2, "one": lambda: worker("scaling", 1, tmp, args.quick),
+                            "plain1": lambda: plain_concurrent(1, tmp, args.quick),
+                            "plain2": lambda: plain_concurrent(2, tmp, args.quick),
+                            "digits1": lambda: digits(1, tmp, epochs), "digits2": lambda: digits(2, tmp, epochs)},
+                           at_once=args.quick)
+        if "error" in done["keras2"]:
+            results["horovod_keras2_error"] = done["keras2"]["error"]
+        else:
+            step_ms["horovod_keras2_fit"] = done["keras2"]["step_s"] * 1e3
         overhead = {"step_ms": step_ms, "rounds_ms": runs,
                     "hvdkeras_over_raw": step_ms["hvdkeras_fit"] / step_ms["raw_horovod_loop"]}
         if "horovod_keras2_fit" in step_ms:
             overhead["hvdkeras_over_horovod_keras2"] = step_ms["hvdkeras_fit"] / step_ms["horovod_keras2_fit"]
         results["overhead"] = overhead
-        one = worker("scaling", 1, tmp, args.quick)
+        one = done["one"]
         two = measured("scaling")
-        plain1, plain2 = plain_concurrent(1, tmp, args.quick), plain_concurrent(2, tmp, args.quick)
+        plain1, plain2 = done["plain1"], done["plain2"]
         results["scaling"] = {
             "images_per_s_1": one["images_per_s_total"],
             "images_per_s_2": two["images_per_s_total"],
@@ -165,8 +189,7 @@ def main(argv=None) -> int:
                 row[f"ratio_{label}"] = row[f"hvdkeras_{label}_s"] / row[f"horovod_{label}_s"]
                 row[f"ratio_grouped_{label}"] = row[f"hvdkeras_{label}_s"] / row[f"horovod_grouped_{label}_s"]
         results["gradpath"] = grad
-        epochs = 2 if args.quick else 12
-        h1, h2 = digits(1, tmp, epochs), digits(2, tmp, epochs)
+        h1, h2 = done["digits1"], done["digits2"]
         results["time_to_accuracy"] = {
             "val_accuracy_1": h1["val_accuracy"],
             "val_accuracy_2": h2["val_accuracy"],
