@@ -32,7 +32,8 @@ from typing import Union
 
 import keras
 
-from hvdkeras import basics
+from hvdkeras import basics, rank_zero
+from hvdkeras.callbacks._base import HvdCallback
 from hvdkeras.optimizer import unwrap
 
 MODEL_FILE = "model.keras"  # the whole model (with its optimizer's state), loadable with keras.models.load_model
@@ -42,6 +43,7 @@ EVENTS = ("train_begin", "train_end", "epoch_begin", "epoch_end", "train_batch_b
           "predict_batch_begin", "predict_batch_end")
 
 Events = Union[str, "list[str]"]
+_resumed: set = set()  # the checkpoints this process has resumed from
 
 
 def _events(name: str, value) -> list[str]:
@@ -52,7 +54,7 @@ def _events(name: str, value) -> list[str]:
     return events
 
 
-class ReportCheckpointCallback(keras.callbacks.Callback):
+class ReportCheckpointCallback(HvdCallback):
     """Reports metrics and rank 0's checkpoint to Ray Train, and resumes `fit` from the last checkpoint.
 
     The checkpoint is a directory with `model.keras` (the model and its optimizer's state) and
@@ -61,7 +63,8 @@ class ReportCheckpointCallback(keras.callbacks.Callback):
     its optimizer's state are loaded from it on every rank, and `fit` goes on at the first epoch the
     checkpoint had not completed. The learning rate is not loaded: it stays what the script set for the
     current world size, which may differ from the one the checkpoint was written with. A checkpoint taken
-    inside an epoch (`checkpoint_on="train_batch_end"`) resumes at the start of that epoch.
+    inside an epoch (`checkpoint_on="train_batch_end"`) resumes at the start of that epoch. A process
+    resumes from a checkpoint once: a later `fit` in the same worker goes on from the model as it is.
 
     Put it after `MetricAverageCallback`, so that the metrics reported are the averages over the workers.
 
@@ -117,9 +120,16 @@ class ReportCheckpointCallback(keras.callbacks.Callback):
             import ray.train
 
             checkpoint = ray.train.get_checkpoint()
-            if checkpoint is not None:
+            # Ray hands a worker the checkpoint it started from for as long as it runs: a later fit in the
+            # same worker (a loop of fits) goes on from where the last one ended instead.
+            if checkpoint is not None and checkpoint.path not in _resumed:
                 restore(self.model, checkpoint)
+                _resumed.add(checkpoint.path)
                 self.restored_from = checkpoint
+
+    def on_train_end(self, logs=None):
+        if self.restored_from is not None:
+            self.model._initial_epoch = None  # a later fit of this model starts where its caller says
 
     def on_epoch_begin(self, epoch, logs=None):
         self._epoch = epoch
@@ -150,7 +160,7 @@ class ReportCheckpointCallback(keras.callbacks.Callback):
             ray.train.report(metrics)
             return
         # ray.train.report is a barrier: every rank calls it, and only rank 0 hands it a checkpoint.
-        folder = tempfile.mkdtemp(prefix="hvdkeras-ray-") if basics.rank() == 0 else None
+        folder = tempfile.mkdtemp(prefix="hvdkeras-ray-") if rank_zero.is_rank_zero() else None
         try:
             checkpoint = None
             if folder is not None:

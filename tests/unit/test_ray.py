@@ -15,7 +15,7 @@ pytest.importorskip("ray", reason="the ray extra is not installed (make install 
 import ray.train  # noqa: E402
 
 import hvdkeras.ray  # noqa: E402
-from hvdkeras import basics  # noqa: E402
+from hvdkeras import rank_zero  # noqa: E402
 
 X = np.random.default_rng(0).normal(size=(32, 4)).astype("float32")
 Y = X @ np.arange(1, 5, dtype="float32").reshape(4, 1)
@@ -63,7 +63,7 @@ def test_rank_0_reports_a_checkpoint_after_every_epoch(hvd, tmp_path, monkeypatc
 
 def test_other_ranks_report_metrics_without_a_checkpoint_and_write_nothing(hvd, tmp_path, monkeypatch):
     fake = FakeTrain(monkeypatch, tmp_path)
-    monkeypatch.setattr(basics, "rank", lambda: 1)
+    monkeypatch.setattr(rank_zero, "is_rank_zero", lambda: False)
     made = []
     monkeypatch.setattr(hvdkeras.ray.tempfile, "mkdtemp", lambda **kw: made.append(kw) or str(tmp_path / "x"))
     model(hvd).fit(X, Y, batch_size=8, epochs=2, verbose=0, callbacks=[hvdkeras.ray.ReportCheckpointCallback()])
@@ -83,6 +83,7 @@ def test_metrics_and_events_choose_what_is_reported_when(hvd, tmp_path, monkeypa
 
 
 def test_fit_resumes_from_the_checkpoint_ray_hands_back_with_the_current_rate(hvd, tmp_path, monkeypatch):
+    monkeypatch.setattr(hvdkeras.ray, "_resumed", set())
     first = FakeTrain(monkeypatch, tmp_path)
     trained = model(hvd, seed=0, lr=0.01)
     trained.fit(X, Y, batch_size=8, epochs=2, verbose=0, callbacks=[hvdkeras.ray.ReportCheckpointCallback()])
@@ -108,6 +109,12 @@ def test_fit_resumes_from_the_checkpoint_ray_hands_back_with_the_current_rate(hv
     assert seen["iterations"] == 8  # Adam's slots and step count came back with the weights
     assert seen["rate"] == pytest.approx(0.02)  # the rate is not the checkpoint's 0.01
     assert seen["epochs"] == [2]  # epochs 0 and 1 were done
+
+    seen.clear()  # a second fit in the same worker goes on from this one, not from Ray's checkpoint again
+    after_first = [w.copy() for w in resumed.get_weights()]
+    resumed.fit(X, Y, batch_size=8, epochs=2, verbose=0, callbacks=[hvdkeras.ray.ReportCheckpointCallback(), Look()])
+    assert all(np.array_equal(a, b) for a, b in zip(seen["weights"], after_first))
+    assert seen["epochs"] == [0, 1]
 
 
 def test_resume_false_starts_afresh(hvd, tmp_path, monkeypatch):
