@@ -1,0 +1,159 @@
+"""Where one training step's time goes over a network: every bucket of one step, on one clock.
+
+    .venv/bin/python benchmarks/step_timeline.py [--rate 200mbit] [--inter-op 1] [--out docs]
+
+Needs root: two test hosts joined by a shaped link (as `make netbench`), one worker on each
+(benchmarks/timeline_worker.py), the network benchmark's conv model with hvdkeras's defaults. For each bucket
+of each recorded step, on each rank: when its last gradient exists, when its allreduce was enqueued, when
+Horovod's negotiation ended, when the Gloo transfer started and ended, and when the reduced gradients
+exist. Prints the median step of each rank as a table (ms from the step's start) and writes every step to
+step_timeline.json in --out.
+
+Horovod writes its timeline on rank 0 only, so rank 1's rows have only the two instants of its own graph.
+Those come from timestamp ops that wait for the tensors, and the executor runs them when a thread is free:
+with one inter-op thread they may run late, so they are upper bounds. Horovod's instants are exact (its
+enqueue is the allreduce kernel's start).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent
+sys.path.insert(0, str(REPO / "tests" / "multiworker"))
+from network_benchmark import clean_env  # noqa: E402
+
+
+def run_workers(lab, out: Path, port: int, args) -> None:
+    procs, logs = [], []
+    for rank, host in enumerate(lab.NAMES):
+        env = dict(clean_env(), RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1",
+                   MASTER_ADDR=lab.NAMES[0], MASTER_PORT=str(port), OMP_NUM_THREADS="1", TF_CPP_MIN_LOG_LEVEL="2",
+                   PYTHONUNBUFFERED="1", HOROVOD_TIMELINE="DYNAMIC")  # the worker starts it after warm-up
+        log = open(f"{out}.rank{rank}.log", "w+")
+        logs.append(log)
+        cmd = lab.ns(host, sys.executable, str(HERE / "timeline_worker.py"), str(out), "--steps", str(args.steps),
+                     "--inter-op", str(args.inter_op))
+        procs.append(subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=str(REPO),
+                                      start_new_session=True))
+    deadline = time.monotonic() + args.timeout
+    try:
+        while any(p.poll() is None for p in procs) and time.monotonic() < deadline:
+            time.sleep(0.5)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                os.killpg(p.pid, 9)
+            p.wait()
+    if [p.returncode for p in procs] != [0, 0]:
+        tails = "".join(f"--- rank {r}\n{open(f'{out}.rank{r}.log').read()[-3000:]}" for r in (0, 1))
+        raise RuntimeError(f"the timeline workers exited {[p.returncode for p in procs]}\n{tails}")
+
+
+def horovod_spans(path: Path) -> dict:
+    """Horovod's timeline as {tensor: [(activity, begin, end), ...]}, in wall-clock seconds."""
+    text = path.read_text().rstrip().rstrip(",")
+    events = json.loads(text if text.endswith("]") else text + "]")
+    start = next(e["args"]["start_time_since_epoch_in_micros"] for e in events
+                 if e.get("ph") == "M" and "start_time_since_epoch_in_micros" in e.get("args", {}))
+    names = {e["pid"]: e["args"]["name"] for e in events
+             if e.get("ph") == "M" and e.get("name") == "process_name" and "name" in e.get("args", {})}
+    open_spans, spans = {}, {}
+    for e in events:
+        if e.get("ph") not in ("B", "E") or e.get("pid") not in names:
+            continue
+        stack = open_spans.setdefault(names[e["pid"]], [])
+        if e["ph"] == "B":
+            stack.append((e["name"], e["ts"]))
+        elif stack:
+            what, begin = stack.pop()
+            spans.setdefault(names[e["pid"]], []).append((what, (start + begin) / 1e6, (start + e["ts"]) / 1e6))
+    return spans
+
+
+def one_rank(folder: Path, rank: int) -> list[dict]:
+    """Every recorded step of one rank: its window, its forward end and, per bucket, the six instants."""
+    record = json.loads((folder / f"timeline.rank{rank}.json").read_text())
+    marks = []
+    for line in record["marks"]:
+        what, name, stamp = line.split()
+        marks.append((what, name, float(stamp.strip('"'))))
+    timeline = folder / f"timeline.rank{rank}.horovod.json"
+    spans = horovod_spans(timeline) if timeline.exists() else {}  # Horovod writes it on rank 0 only
+    steps = []
+    for begin, end in zip(record["step_begin"], record["step_end"]):
+        inside = [(w, n, t) for w, n, t in marks if begin <= t <= end]
+        buckets = {}
+        for what, name, stamp in inside:
+            if what in ("grad_ready", "reduced"):
+                buckets.setdefault(name, {})[what] = stamp
+        for name, row in buckets.items():
+            parts = [sp for tensor, tensor_spans in spans.items() if tensor.split("_")[0] == name
+                     for sp in tensor_spans if begin <= sp[1] <= end]
+            for activity, key in (("NEGOTIATE_ALLREDUCE", "negotiation"), ("GLOO_ALLREDUCE", "transfer")):
+                found = [(b, e) for a, b, e in parts if a == activity]
+                if found:
+                    row[f"{key}_begin"] = min(b for b, _ in found)
+                    row[f"{key}_end"] = max(e for _, e in found)
+        forward = [t for w, _, t in inside if w == "forward_end"]
+        steps.append({"begin": begin, "end": end, "forward_end": forward[0] if forward else None,
+                      "buckets": dict(sorted(buckets.items(), key=lambda kv: kv[1].get("grad_ready", 0)))})
+    return steps
+
+
+COLUMNS = ("grad_ready", "negotiation_begin", "negotiation_end", "transfer_begin", "transfer_end", "reduced")
+
+
+def table(step: dict) -> str:
+    """One step as ms from its start: the forward pass, then a row per bucket in the order its gradients came."""
+    def ms(t):
+        return f"{(t - step['begin']) * 1e3:7.1f}" if t is not None else "      -"
+
+    lines = [f"step {(step['end'] - step['begin']) * 1e3:.1f} ms; forward pass ends at {ms(step['forward_end'])}",
+             f"{'bucket':24s}" + "".join(f"{c:>19s}" for c in COLUMNS)]
+    for name, row in step["buckets"].items():
+        lines.append(f"{name:24s}" + "".join(f"{ms(row.get(c)):>19s}" for c in COLUMNS))
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rate", default="200mbit")
+    parser.add_argument("--steps", type=int, default=12)
+    parser.add_argument("--inter-op", type=int, default=1, help="inter-op threads; 0: TensorFlow's default")
+    parser.add_argument("--timeout", type=float, default=600)
+    parser.add_argument("--out", default=str(HERE / "results"))
+    args = parser.parse_args(argv)
+    if os.geteuid() != 0:
+        raise SystemExit("step_timeline.py needs root (network namespaces and tc)")
+    from lab import LabHosts
+
+    tmp = Path(tempfile.mkdtemp(prefix="hvdk-timeline-"))
+    lab = LabHosts(tmp, subnet=79).start()
+    try:
+        lab.shape(args.rate)
+        run_workers(lab, tmp / "timeline", 29750, args)
+    finally:
+        lab.stop()
+    result = {"rate": args.rate, "inter_op": args.inter_op, "ranks": [one_rank(tmp, r) for r in (0, 1)]}
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "step_timeline.json").write_text(json.dumps(result, indent=1))
+    for rank, steps in enumerate(result["ranks"]):
+        durations = [s["end"] - s["begin"] for s in steps]
+        median = sorted(range(len(steps)), key=lambda i: durations[i])[len(steps) // 2]
+        print(f"rank {rank}, the median of {len(steps)} steps:\n{table(steps[median])}\n")
+    print(f"wrote {out / 'step_timeline.json'}; the raw timelines are in {tmp}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,62 @@
+"""The one-step timeline's reading of Horovod's timeline and of the workers' marks, on a recorded step."""
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
+sys.path.insert(0, str(BENCHMARKS))  # step_timeline imports network_benchmark
+spec = importlib.util.spec_from_file_location("step_timeline", BENCHMARKS / "step_timeline.py")
+st = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(st)
+
+START_US = 1_000_000_000_000  # Horovod's start_time_since_epoch_in_micros
+
+
+def write_rank0(folder: Path, unterminated: bool) -> None:
+    # Two tensors of bucket 1 (grouped: _1of2, _2of2) and one of bucket 0, as Horovod 0.28.1 writes them:
+    # one "process" per tensor, nested B/E spans, possibly no closing bracket while it still runs.
+    events = [{"name": "process_name", "ph": "M", "pid": 0, "args": {"start_time_since_epoch_in_micros": START_US}},
+              {"name": "process_name", "ph": "M", "pid": 1, "args": {"name": "hvdkeras.gradients.1_1of2"}},
+              {"name": "process_name", "ph": "M", "pid": 2, "args": {"name": "hvdkeras.gradients.1_2of2"}},
+              {"name": "process_name", "ph": "M", "pid": 3, "args": {"name": "hvdkeras.gradients.0"}},
+              {"ph": "i", "name": "CYCLE_START", "ts": 1000, "s": "g"}]
+    for pid, negotiate, transfer in ((1, (10_000, 14_000), (15_000, 30_000)), (2, (11_000, 14_000), (15_000, 31_000)),
+                                     (3, (5_000, 8_000), (8_500, 9_500))):
+        events += [{"ph": "B", "name": "NEGOTIATE_ALLREDUCE", "ts": negotiate[0], "pid": pid},
+                   {"ph": "E", "ts": negotiate[1], "pid": pid},
+                   {"ph": "B", "name": "ALLREDUCE", "ts": transfer[0] - 100, "pid": pid},
+                   {"ph": "B", "name": "GLOO_ALLREDUCE", "ts": transfer[0], "pid": pid},
+                   {"ph": "E", "ts": transfer[1], "pid": pid},
+                   {"ph": "E", "ts": transfer[1] + 100, "pid": pid}]
+    text = "[\n" + ",\n".join(json.dumps(e) for e in events) + ("," if unterminated else "\n]")
+    (folder / "timeline.rank0.horovod.json").write_text(text)
+
+
+def write_marks(folder: Path, rank: int) -> None:
+    t0 = START_US / 1e6
+    marks = [f'forward_end loss "{t0 + 0.004:.6f}"', f'grad_ready hvdkeras.gradients.0 "{t0 + 0.0045:.6f}"',
+             f'reduced hvdkeras.gradients.0 "{t0 + 0.010:.6f}"', f'grad_ready hvdkeras.gradients.1 "{t0 + 0.009:.6f}"',
+             f'reduced hvdkeras.gradients.1 "{t0 + 0.032:.6f}"', f'grad_ready hvdkeras.gradients.0 "{t0 + 9:.6f}"']
+    (folder / f"timeline.rank{rank}.json").write_text(json.dumps(
+        {"rank": rank, "step_begin": [t0], "step_end": [t0 + 0.035], "marks": marks}))
+
+
+def test_a_step_reads_every_bucket_on_one_clock(tmp_path):
+    write_rank0(tmp_path, unterminated=True)
+    write_marks(tmp_path, 0)
+    write_marks(tmp_path, 1)
+    [step] = st.one_rank(tmp_path, 0)
+    assert list(step["buckets"]) == ["hvdkeras.gradients.0", "hvdkeras.gradients.1"]  # in the order grads came
+    ms = {name: {k: round((v - step["begin"]) * 1e3, 3) for k, v in row.items()}
+          for name, row in step["buckets"].items()}
+    assert ms["hvdkeras.gradients.1"] == {"grad_ready": 9.0, "negotiation_begin": 10.0, "negotiation_end": 14.0,
+                                          "transfer_begin": 15.0, "transfer_end": 31.0, "reduced": 32.0}
+    assert ms["hvdkeras.gradients.0"]["transfer_end"] == 9.5  # a mark outside the step (t0 + 9 s) is not read
+    assert round((step["forward_end"] - step["begin"]) * 1e3, 3) == 4.0
+    [other] = st.one_rank(tmp_path, 1)  # Horovod writes its timeline on rank 0 only
+    assert set(other["buckets"]["hvdkeras.gradients.1"]) == {"grad_ready", "reduced"}
+    table = st.table(step)
+    assert "step 35.0 ms; forward pass ends at     4.0" in table
+    assert table.splitlines()[-1].split() == ["hvdkeras.gradients.1", "9.0", "10.0", "14.0", "15.0", "31.0", "32.0"]
