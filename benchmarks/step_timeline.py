@@ -6,8 +6,8 @@ Needs root: two test hosts joined by a shaped link (as `make netbench`), one wor
 (benchmarks/timeline_worker.py), the network benchmark's conv model with hvdkeras's defaults. For each bucket
 of each recorded step, on each rank: when its last gradient exists, when its allreduce was enqueued, when
 Horovod's negotiation ended, when the Gloo transfer started and ended, and when the reduced gradients
-exist. Prints the median step of each rank as a table (ms from the step's start) and writes every step to
-step_timeline.json in --out.
+exist. Prints the median step of each rank as a table (ms from the step's start), then rank 0's steps cut
+into five shares that add up to the step (medians), and writes every step to step_timeline.json in --out.
 
 Horovod writes its timeline on rank 0 only, so rank 1's rows have only the two instants of its own graph.
 Those come from timestamp ops that wait for the tensors, and the executor runs them when a thread is free:
@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -109,6 +110,27 @@ def one_rank(folder: Path, rank: int) -> list[dict]:
     return steps
 
 
+def breakdown(step: dict) -> dict:
+    """Rank 0's step cut into five consecutive shares (ms) that add up to the step, from Horovod's instants:
+    until the first allreduce is enqueued, the first negotiation, the transfers themselves, the link idle
+    between transfers, and the tail after the last transfer."""
+    rows = [r for r in step["buckets"].values() if "transfer_begin" in r]
+    transfers = sorted((r["transfer_begin"], r["transfer_end"]) for r in rows)
+    busy, reach = 0.0, None  # the union of the transfer intervals
+    for begin, end in transfers:
+        if reach is None or begin > reach:
+            busy += end - begin
+            reach = end
+        elif end > reach:
+            busy += end - reach
+            reach = end
+    first_enqueue = min(r["negotiation_begin"] for r in rows)
+    first, last = transfers[0][0], max(end for _, end in transfers)
+    shares = {"until_first_enqueue": first_enqueue - step["begin"], "first_negotiation": first - first_enqueue,
+              "transfers": busy, "link_idle_between": (last - first) - busy, "tail": step["end"] - last}
+    return {k: v * 1e3 for k, v in shares.items()}
+
+
 COLUMNS = ("grad_ready", "negotiation_begin", "negotiation_end", "transfer_begin", "transfer_end", "reduced")
 
 
@@ -146,11 +168,17 @@ def main(argv=None) -> int:
     result = {"rate": args.rate, "inter_op": args.inter_op, "ranks": [one_rank(tmp, r) for r in (0, 1)]}
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "step_timeline.json").write_text(json.dumps(result, indent=1))
     for rank, steps in enumerate(result["ranks"]):
         durations = [s["end"] - s["begin"] for s in steps]
         median = sorted(range(len(steps)), key=lambda i: durations[i])[len(steps) // 2]
         print(f"rank {rank}, the median of {len(steps)} steps:\n{table(steps[median])}\n")
+    timed = [step for step in result["ranks"][0] if any("transfer_begin" in r for r in step["buckets"].values())]
+    shares = [breakdown(step) for step in timed]
+    result["breakdown_ms"] = {k: statistics.median(s[k] for s in shares) for k in shares[0]}
+    steps_ms = [(s["end"] - s["begin"]) * 1e3 for s in timed]
+    print(f"rank 0, medians over {len(shares)} steps (ms): step {statistics.median(steps_ms):.1f} = "
+          + " + ".join(f"{k} {v:.1f}" for k, v in result["breakdown_ms"].items()))
+    (out / "step_timeline.json").write_text(json.dumps(result, indent=1))
     print(f"wrote {out / 'step_timeline.json'}; the raw timelines are in {tmp}")
     return 0
 

@@ -60,3 +60,7 @@ def test_a_step_reads_every_bucket_on_one_clock(tmp_path):
     table = st.table(step)
     assert "step 35.0 ms; forward pass ends at     4.0" in table
     assert table.splitlines()[-1].split() == ["hvdkeras.gradients.1", "9.0", "10.0", "14.0", "15.0", "31.0", "32.0"]
+    shares = st.breakdown(step)  # five consecutive shares of the 35 ms step
+    assert {k: round(v, 3) for k, v in shares.items()} == {"until_first_enqueue": 5.0, "first_negotiation": 3.5,
+                                                           "transfers": 17.0, "link_idle_between": 5.5, "tail": 4.0}
+    assert round(sum(shares.values()), 3) == 35.0
