@@ -87,22 +87,19 @@ def clean_env() -> dict:
     return env
 
 
-def run_pair(lab, kind: str, out: Path, port: int, args, timeout: float) -> list[dict]:
-    """Starts net_worker.py on both test hosts (torchrun-style variables, rank 0 on the first) and waits."""
+def run_on_hosts(lab, argv: list[str], out: Path, port: int, timeout: float, what: str,
+                 env: dict | None = None) -> None:
+    """Starts `python argv` on both test hosts (torchrun-style variables, rank 0 on the first), each logging to
+    OUT.rankN.log, and waits; raises with both logs' tails when a worker fails or the timeout passes."""
     procs, logs = [], []
     for rank, host in enumerate(lab.NAMES):
-        env = dict(clean_env(), RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1",
-                   MASTER_ADDR=lab.NAMES[0], MASTER_PORT=str(port), OMP_NUM_THREADS="1", TF_CPP_MIN_LOG_LEVEL="2",
-                   PYTHONUNBUFFERED="1", **dict(args.env))
-        if kind == "keras2":
-            env["TF_USE_LEGACY_KERAS"] = "1"
+        worker_env = dict(clean_env(), RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1",
+                          MASTER_ADDR=lab.NAMES[0], MASTER_PORT=str(port), OMP_NUM_THREADS="1",
+                          TF_CPP_MIN_LOG_LEVEL="2", PYTHONUNBUFFERED="1", **(env or {}))
         log = open(out.parent / f"{out.name}.rank{rank}.log", "w+")
         logs.append(log)
-        cmd = lab.ns(host, sys.executable, str(HERE / "net_worker.py"), kind, str(out), "--models", args.models,
-                     "--steps", str(args.steps), "--rounds", str(args.rounds), "--warmup", str(args.warmup),
-                     *(["--sweep", args.sweep] if kind == "keras3" and args.sweep else []))
-        procs.append(subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=str(REPO),
-                                      start_new_session=True))
+        procs.append(subprocess.Popen(lab.ns(host, sys.executable, *argv), env=worker_env, stdout=log,
+                                      stderr=subprocess.STDOUT, cwd=str(REPO), start_new_session=True))
     deadline = time.monotonic() + timeout
     try:
         while any(p.poll() is None for p in procs) and time.monotonic() < deadline:
@@ -122,7 +119,16 @@ def run_pair(lab, kind: str, out: Path, port: int, args, timeout: float) -> list
             log.seek(0)
             tails.append(f"--- rank {rank} (exit {codes[rank]}) ---\n" + "".join(log.readlines()[-25:]))
         why = "timed out" if time.monotonic() >= deadline else "failed"
-        raise RuntimeError(f"the {kind} workers {why} after {timeout:.0f} s at most:\n" + "\n".join(tails))
+        raise RuntimeError(f"the {what} workers {why} after {timeout:.0f} s at most:\n" + "\n".join(tails))
+
+
+def run_pair(lab, kind: str, out: Path, port: int, args, timeout: float) -> list[dict]:
+    """Runs net_worker.py on both test hosts and returns each rank's figures."""
+    argv = [str(HERE / "net_worker.py"), kind, str(out), "--models", args.models, "--steps", str(args.steps),
+            "--rounds", str(args.rounds), "--warmup", str(args.warmup),
+            *(["--sweep", args.sweep] if kind == "keras3" and args.sweep else [])]
+    env = dict(args.env, **({"TF_USE_LEGACY_KERAS": "1"} if kind == "keras2" else {}))
+    run_on_hosts(lab, argv, out, port, timeout, kind, env)
     return [json.loads(Path(f"{out}.rank{r}").read_text()) for r in range(2)]
 
 

@@ -21,42 +21,14 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 sys.path.insert(0, str(REPO / "tests" / "multiworker"))
-from network_benchmark import clean_env  # noqa: E402
-
-
-def run_workers(lab, out: Path, port: int, args) -> None:
-    procs, logs = [], []
-    for rank, host in enumerate(lab.NAMES):
-        env = dict(clean_env(), RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1",
-                   MASTER_ADDR=lab.NAMES[0], MASTER_PORT=str(port), OMP_NUM_THREADS="1", TF_CPP_MIN_LOG_LEVEL="2",
-                   PYTHONUNBUFFERED="1", HOROVOD_TIMELINE="DYNAMIC")  # the worker starts it after warm-up
-        log = open(f"{out}.rank{rank}.log", "w+")
-        logs.append(log)
-        cmd = lab.ns(host, sys.executable, str(HERE / "timeline_worker.py"), str(out), "--steps", str(args.steps),
-                     "--inter-op", str(args.inter_op))
-        procs.append(subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=str(REPO),
-                                      start_new_session=True))
-    deadline = time.monotonic() + args.timeout
-    try:
-        while any(p.poll() is None for p in procs) and time.monotonic() < deadline:
-            time.sleep(0.5)
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                os.killpg(p.pid, 9)
-            p.wait()
-    if [p.returncode for p in procs] != [0, 0]:
-        tails = "".join(f"--- rank {r}\n{open(f'{out}.rank{r}.log').read()[-3000:]}" for r in (0, 1))
-        raise RuntimeError(f"the timeline workers exited {[p.returncode for p in procs]}\n{tails}")
+from network_benchmark import run_on_hosts  # noqa: E402
 
 
 def horovod_spans(path: Path) -> dict:
@@ -162,7 +134,9 @@ def main(argv=None) -> int:
     lab = LabHosts(tmp, subnet=79).start()
     try:
         lab.shape(args.rate)
-        run_workers(lab, tmp / "timeline", 29750, args)
+        run_on_hosts(lab, [str(HERE / "timeline_worker.py"), str(tmp / "timeline"), "--steps", str(args.steps),
+                           "--inter-op", str(args.inter_op)], tmp / "timeline", 29750, args.timeout, "timeline",
+                     {"HOROVOD_TIMELINE": "DYNAMIC"})  # the worker starts the timeline after warm-up
     finally:
         lab.stop()
     result = {"rate": args.rate, "inter_op": args.inter_op, "ranks": [one_rank(tmp, r) for r in (0, 1)]}
