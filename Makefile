@@ -48,9 +48,11 @@ demo: install
 bench: install
 	$(PY) benchmarks/run_benchmarks.py
 
-# Two test hosts over a shaped link (needs root, ip and tc); writes docs/network_benchmark.{json,png}.
+# Two test hosts over a shaped link (needs root, ip and tc); writes docs/network_benchmark.{json,png}, then
+# one step at 1 Gbit/s and at 200 Mbit/s, bucket by bucket, to docs/step_timeline.{json,png}.
 netbench: install lab
 	$(PY) benchmarks/network_benchmark.py $(NETBENCH_ARGS)
+	$(PY) benchmarks/step_timeline.py --out docs
 
 lint: install
 	$(VENV)/bin/ruff check .

@@ -1,6 +1,7 @@
 """One worker of the network benchmark, one per test host; started by network_benchmark.py.
 
     net_worker.py keras3|keras2 OUT_JSON --models conv,mlp --steps S --rounds R [--warmup W] [--sweep N,..]
+                  [--inter-op 1|0]
 
 The job forms from the torchrun-style variables the driver sets (RANK, WORLD_SIZE, MASTER_ADDR, ...), through
 hvdkeras's rendezvous, for both kinds. Every variant of every model is built once, warmed up, then timed
@@ -24,9 +25,14 @@ import numpy as np
 import tensorflow as tf
 from peer_loops import horovod_tape_step
 
-# One compute thread per worker, set before any op runs.
-tf.config.threading.set_intra_op_parallelism_threads(1)
-tf.config.threading.set_inter_op_parallelism_threads(1)
+
+def set_threads(inter_op: int) -> None:
+    """One compute thread per worker (each test host has one core's share), and `inter_op` inter-op threads:
+    1 is the published configuration, 0 TensorFlow's default (what a user gets who sets nothing). Call
+    before any op runs."""
+    tf.config.threading.set_intra_op_parallelism_threads(1)
+    tf.config.threading.set_inter_op_parallelism_threads(inter_op)
+
 
 BATCH = 32
 CLASSES = 10
@@ -205,7 +211,9 @@ def main():
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--sweep", default="", help="more bucket sizes to time (keras3), comma-separated bytes")
+    parser.add_argument("--inter-op", type=int, default=1, help="inter-op threads; 0: TensorFlow's default")
     args = parser.parse_args()
+    set_threads(args.inter_op)
 
     # Both kinds form the job through hvdkeras's rendezvous from the launcher's variables: hvdkeras.init()
     # does it itself; for Horovod's tf-keras integration it is done here, and Horovod then starts with its
@@ -233,7 +241,8 @@ def main():
     if size != launch.size:
         raise SystemExit(f"formed a job of {size}, expected {launch.size}")
     build = keras2_runners if args.kind == "keras2" else keras3_runners
-    result = {"rank": rank, "size": size, "framework": framework, "threads": 1, "batch_per_worker": BATCH,
+    result = {"rank": rank, "size": size, "framework": framework, "threads": 1, "inter_op": args.inter_op,
+              "batch_per_worker": BATCH,
               "models": {}}
     for name in args.models.split(","):
         runners, nbytes = build(name, rank, [int(b) for b in args.sweep.split(",") if b])

@@ -1,10 +1,13 @@
 """Training over a network: two test hosts joined by a shaped link, one worker on each, 1 thread each.
 
     .venv/bin/python benchmarks/network_benchmark.py [--rates 1gbit,200mbit,50mbit] [--delay-ms 0]
-                                                     [--models conv,mlp] [--out docs]          (`make netbench`)
+                                                     [--models conv,mlp] [--inter-op 1,0] [--out docs]
+                                                                                              (`make netbench`)
 
 Needs root (it makes two network namespaces joined by a veth pair, as the tests' lab does, and shapes the
-link with tc tbf in both directions). Nothing leaves the machine. For each link rate, all in one run:
+link with tc tbf in both directions). Nothing leaves the machine. For each link rate and each inter-op thread
+setting of the workers (1, the published configuration, and 0, TensorFlow's default: what a user gets who sets
+nothing), all in one run:
 
 - the link: a TCP transfer between the hosts and one Horovod allreduce of the gradients' bytes, next to the
   nominal rate; the run stops, reporting nothing, when the link is not what was asked for;
@@ -14,8 +17,11 @@ link with tc tbf in both directions). Nothing leaves the machine. For each link 
   (bucket_bytes=0), and fp16 compression;
 - Horovod side by side: its DistributedOptimizer on tf-keras (Keras 2, against its own t_local) and its
   DistributedGradientTape loop on Keras 3;
-- the bounds no overlap t_local + t_comm and perfect overlap max(t_local, t_comm);
-  overlap = (t_local + t_comm - t_step) / min(t_local, t_comm); scaling efficiency = t_local / t_step.
+- the bounds no overlap t_local + t_comm, perfect overlap max(t_local, t_comm), and after the forward pass
+  max(t_local, t_forward + t_comm) (no gradient exists before the forward pass ends);
+  overlap = (t_local + t_comm - t_step) / min(t_local, t_comm), the share of the hideable time hidden against
+  perfect overlap, and overlap_after_forward the same against the after-forward bound; scaling efficiency =
+  t_local / t_step.
 
 Every variant is timed in interleaved rounds inside the same two processes; figures are medians over the
 rounds of each round's median step, with the spread (min-max over rounds), and each variant's CPU time per
@@ -87,6 +93,16 @@ def clean_env() -> dict:
     return env
 
 
+def parse_env(parser: argparse.ArgumentParser, items: list[str]) -> list[tuple[str, str]]:
+    """The --env NAME=VALUE options, in order; a malformed one is the parser's error."""
+    env = []
+    for item in items:
+        if "=" not in item:
+            parser.error(f"--env takes NAME=VALUE. Received: {item!r}")
+        env.append(tuple(item.split("=", 1)))
+    return env
+
+
 def run_on_hosts(lab, argv: list[str], out: Path, port: int, timeout: float, what: str,
                  env: dict | None = None) -> None:
     """Starts `python argv` on both test hosts (torchrun-style variables, rank 0 on the first), each logging to
@@ -122,10 +138,10 @@ def run_on_hosts(lab, argv: list[str], out: Path, port: int, timeout: float, wha
         raise RuntimeError(f"the {what} workers {why} after {timeout:.0f} s at most:\n" + "\n".join(tails))
 
 
-def run_pair(lab, kind: str, out: Path, port: int, args, timeout: float) -> list[dict]:
+def run_pair(lab, kind: str, out: Path, port: int, args, timeout: float, inter_op: int) -> list[dict]:
     """Runs net_worker.py on both test hosts and returns each rank's figures."""
     argv = [str(HERE / "net_worker.py"), kind, str(out), "--models", args.models, "--steps", str(args.steps),
-            "--rounds", str(args.rounds), "--warmup", str(args.warmup),
+            "--rounds", str(args.rounds), "--warmup", str(args.warmup), "--inter-op", str(inter_op),
             *(["--sweep", args.sweep] if kind == "keras3" and args.sweep else [])]
     env = dict(args.env, **({"TF_USE_LEGACY_KERAS": "1"} if kind == "keras2" else {}))
     run_on_hosts(lab, argv, out, port, timeout, kind, env)
@@ -147,11 +163,17 @@ def combine(ranks: list[dict], model: str) -> dict:
     return rounds
 
 
-def derive(t_step: float, t_local: float, t_comm: float) -> dict:
+def derive(t_step: float, t_local: float, t_comm: float, t_forward: float) -> dict:
+    """A step's figures against its bounds. The after-forward bound max(t_local, t_forward + t_comm) is the best
+    step when all communication waits for the forward pass (no gradient exists before it ends)."""
+    after_forward = max(t_local, t_forward + t_comm)
     return {"step_ms": t_step, "no_overlap_ms": t_local + t_comm, "perfect_overlap_ms": max(t_local, t_comm),
+            "after_forward_bound_ms": after_forward,
             "overlap": (t_local + t_comm - t_step) / min(t_local, t_comm),
+            "overlap_after_forward": (t_local + t_comm - t_step) / (t_local + t_comm - after_forward),
             "scaling_efficiency": t_local / t_step,
-            "vs_perfect_overlap": t_step / max(t_local, t_comm) - 1}
+            "vs_perfect_overlap": t_step / max(t_local, t_comm) - 1,
+            "vs_after_forward_bound": t_step / after_forward - 1}
 
 
 def summarize(k3: dict, k2: dict, nbytes: int) -> dict:
@@ -167,10 +189,12 @@ def summarize(k3: dict, k2: dict, nbytes: int) -> dict:
            "timings": {**k3, **{f"keras2_{k}": v for k, v in k2.items()}},
            "variants": {}}
     for v in (*KERAS3_VARIANTS, *sorted((k for k in k3 if k.startswith("hvdkeras_b")), key=lambda k: int(k[10:]))):
-        out["variants"][v] = derive(k3[v]["median_ms"], t_local, t_comm16 if v == "hvdkeras_fp16" else t_comm)
+        out["variants"][v] = derive(k3[v]["median_ms"], t_local, t_comm16 if v == "hvdkeras_fp16" else t_comm,
+                                    t_forward)
         out["variants"][v]["spread_ms"] = [k3[v]["min_ms"], k3[v]["max_ms"]]
         out["variants"][v]["cpu_ms"] = k3[v]["cpu_ms"]
-    out["variants"]["horovod_keras2"] = derive(k2["horovod_keras2"]["median_ms"], k2["local"]["median_ms"], t_comm)
+    out["variants"]["horovod_keras2"] = derive(k2["horovod_keras2"]["median_ms"], k2["local"]["median_ms"], t_comm,
+                                               t_forward)
     out["variants"]["horovod_keras2"]["spread_ms"] = [k2["horovod_keras2"]["min_ms"], k2["horovod_keras2"]["max_ms"]]
     out["variants"]["horovod_keras2"]["cpu_ms"] = k2["horovod_keras2"]["cpu_ms"]
     # CPU per step and worker (all threads): the local step's, and the allreduce's alone. One core per worker:
@@ -196,16 +220,21 @@ def check_link(rate_name: str, nominal: float, nbytes: int, t_link_ms: float) ->
     return {"allreduce_mbit_s": measured / 1e6, "allreduce_vs_nominal": ratio}
 
 
+def threads_label(inter_op: int) -> str:
+    return "default inter-op threads" if inter_op == 0 else f"{inter_op} inter-op thread{'s' * (inter_op > 1)}"
+
+
 def plot(results: dict, path: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    models = list(results["models"])
-    fig, axes = plt.subplots(1, len(models), figsize=(6.5 * len(models), 5.2), squeeze=False)
-    for ax, model in zip(axes[0], models):
-        links = results["models"][model]
+    runs = results["runs"]
+    models = list(runs[0]["models"])
+    fig, axes = plt.subplots(len(runs), len(models), figsize=(6.5 * len(models), 5.2 * len(runs)), squeeze=False)
+    for ax, (run, model) in zip(axes.flat, [(run, model) for run in runs for model in models]):
+        links = run["models"][model]
         rates = [results["links"][r]["nominal_mbit_s"] for r in links]
         rows = list(links.values())
         best = [x["variants"]["hvdkeras"]["perfect_overlap_ms"] for x in rows]
@@ -224,10 +253,10 @@ def plot(results: dict, path: Path) -> None:
         ax.set_xlabel("link rate, Mbit/s (tbf, both directions)")
         ax.set_ylabel("ms per step (median of rounds; bars: min-max)")
         first = next(iter(links.values()))
-        ax.set_title(f"{model}: {first['grad_bytes'] / 1e6:.1f} MB of gradients, t_local "
-                     f"{first['t_local_ms']:.0f} ms", fontsize=10)
+        ax.set_title(f"{model}, {threads_label(run['inter_op'])}: {first['grad_bytes'] / 1e6:.1f} MB of gradients, "
+                     f"t_local {first['t_local_ms']:.0f} ms", fontsize=10)
         ax.legend(fontsize=7)
-    fig.suptitle(f"hvdkeras over a shaped link: 2 test hosts, 1 worker and 1 thread each, {results['date']}",
+    fig.suptitle(f"hvdkeras over a shaped link: 2 test hosts, 1 worker and 1 compute thread each, {results['date']}",
                  fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=90)
@@ -247,6 +276,9 @@ def main(argv=None) -> int:
                         help="also time hvdkeras with each of these bucket_bytes (default: none)")
     parser.add_argument("--env", action="append", default=[], metavar="NAME=VALUE",
                         help="set in both workers, e.g. HOROVOD_CYCLE_TIME=5 or HVDKERAS_BUCKET_BYTES=0")
+    parser.add_argument("--inter-op", default="1,0", metavar="N,...",
+                        help="the workers' inter-op thread settings, each run in turn: 1 is the published "
+                             "configuration, 0 TensorFlow's default (default: %(default)s)")
     parser.add_argument("--out", type=Path, default=REPO / "docs", help="where the JSON and PNG go")
     parser.add_argument("--quick", action="store_true", help="a smoke run: 2 steps, 1 round, no meaningful numbers")
     parser.add_argument("--timeout", type=float, default=1200, help="seconds per launch of the two workers")
@@ -255,11 +287,12 @@ def main(argv=None) -> int:
     for model in args.models.split(","):
         if model not in ("conv", "mlp"):
             parser.error(f"--models takes conv and/or mlp. Received: {model!r}")
-    env = []
-    for item in args.env:
-        if "=" not in item:
-            parser.error(f"--env takes NAME=VALUE. Received: {item!r}")
-        env.append(tuple(item.split("=", 1)))
+    settings = [v.strip() for v in args.inter_op.split(",") if v.strip()]
+    if not settings or not all(v.isdigit() for v in settings) or len(set(settings)) != len(settings):
+        parser.error(f"--inter-op takes distinct integers >= 0, comma-separated (0: TensorFlow's default). "
+                     f"Received: {args.inter_op!r}")
+    settings = [int(v) for v in settings]
+    env = parse_env(parser, args.env)
     args.env = env
     if args.quick:
         args.steps, args.rounds, args.warmup = 2, 1, 1
@@ -276,32 +309,39 @@ def main(argv=None) -> int:
     results = {"date": datetime.date.today().isoformat(), "machine": f"{platform.machine()}, {os.cpu_count()} cores",
                "quick": args.quick, "steps": args.steps, "rounds": args.rounds, "env": dict(env),
                "default_bucket_bytes": _default_bucket_bytes(), "sweep": args.sweep,
-               "delay_ms": args.delay_ms, "links": {}, "models": {}}
+               "delay_ms": args.delay_ms, "links": {}}
+    runs = {inter_op: {"inter_op": inter_op, "models": {}} for inter_op in settings}
+    results["runs"] = list(runs.values())
     port = 29710
     try:
         for rate_name, nominal in rates:
             shape(lab, rate_name, args.delay_ms)
             tcp_s = lab.transfer(4_000_000)
             print(f"[{rate_name}] TCP transfer of 4 MB: {4e6 * 8 / tcp_s / 1e6:.0f} Mbit/s", flush=True)
-            k3 = run_pair(lab, "keras3", tmp / f"k3-{rate_name}.json", port, args, args.timeout)
-            k2 = run_pair(lab, "keras2", tmp / f"k2-{rate_name}.json", port + 1, args, args.timeout)
-            port += 2
-            link = {"nominal_mbit_s": nominal / 1e6, "tcp_mbit_s": 4e6 * 8 / tcp_s / 1e6,
-                    "frameworks": [k3[0]["framework"], k2[0]["framework"]]}
-            for model in args.models.split(","):
-                k3m, k2m = combine(k3, model), combine(k2, model)
-                nbytes = k3[0]["models"][model]["grad_bytes"]
-                link[model] = check_link(rate_name, nominal, nbytes, k3m["link"]["median_ms"]) if not args.quick \
-                    else {"allreduce_mbit_s": nbytes * 8 / k3m["link"]["median_ms"] * 1e-3}
-                results["models"].setdefault(model, {})[rate_name] = summarize(k3m, k2m, nbytes)
-                s = results["models"][model][rate_name]
-                print(f"[{rate_name}] {model}: t_local {s['t_local_ms']:.0f} ms (forward {s['t_forward_ms']:.0f}), "
-                      f"t_comm {s['t_comm_ms']:.0f} ms "
-                      f"(fp16 {s['t_comm_fp16_ms']:.0f}), link allreduce {link[model]['allreduce_mbit_s']:.0f} "
-                      f"Mbit/s, CPU per step local {s['cpu_local_ms']:.0f} ms, comm {s['cpu_comm_ms']:.0f} ms; "
-                      + ", ".join(f"{v} {d['step_ms']:.0f} ms (overlap {d['overlap']:.2f}, eff "
-                                  f"{d['scaling_efficiency']:.2f})" for v, d in s["variants"].items()),
-                      flush=True)
+            link = {"nominal_mbit_s": nominal / 1e6, "tcp_mbit_s": 4e6 * 8 / tcp_s / 1e6}
+            for inter_op, run in runs.items():
+                k3 = run_pair(lab, "keras3", tmp / f"k3-{rate_name}-{inter_op}.json", port, args, args.timeout,
+                              inter_op)
+                k2 = run_pair(lab, "keras2", tmp / f"k2-{rate_name}-{inter_op}.json", port + 1, args, args.timeout,
+                              inter_op)
+                port += 2
+                link.setdefault("frameworks", [k3[0]["framework"], k2[0]["framework"]])
+                for model in args.models.split(","):
+                    k3m, k2m = combine(k3, model), combine(k2, model)
+                    nbytes = k3[0]["models"][model]["grad_bytes"]
+                    checked = check_link(rate_name, nominal, nbytes, k3m["link"]["median_ms"]) if not args.quick \
+                        else {"allreduce_mbit_s": nbytes * 8 / k3m["link"]["median_ms"] * 1e-3}
+                    link.setdefault(model, checked)
+                    run["models"].setdefault(model, {})[rate_name] = summarize(k3m, k2m, nbytes)
+                    s = run["models"][model][rate_name]
+                    print(f"[{rate_name}, {threads_label(inter_op)}] {model}: t_local {s['t_local_ms']:.0f} ms "
+                          f"(forward {s['t_forward_ms']:.0f}), t_comm {s['t_comm_ms']:.0f} ms "
+                          f"(fp16 {s['t_comm_fp16_ms']:.0f}), link allreduce {checked['allreduce_mbit_s']:.0f} "
+                          f"Mbit/s, CPU per step local {s['cpu_local_ms']:.0f} ms, comm {s['cpu_comm_ms']:.0f} ms; "
+                          + ", ".join(f"{v} {d['step_ms']:.0f} ms (overlap {d['overlap']:.2f}, after forward "
+                                      f"{d['overlap_after_forward']:.2f}, eff {d['scaling_efficiency']:.2f})"
+                                      for v, d in s["variants"].items()),
+                          flush=True)
             results["links"][rate_name] = link
     except LinkError as e:
         print(f"network_benchmark.py: {e}", file=sys.stderr)

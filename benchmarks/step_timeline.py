@@ -1,18 +1,24 @@
 """Where one training step's time goes over a network: every bucket of one step, on one clock.
 
-    .venv/bin/python benchmarks/step_timeline.py [--rate 200mbit] [--inter-op 1] [--out docs]
+    .venv/bin/python benchmarks/step_timeline.py [--rates 1gbit,200mbit] [--inter-op 1,0] [--env NAME=VALUE]
+                                                 [--out docs]
 
 Needs root: two test hosts joined by a shaped link (as `make netbench`), one worker on each
-(benchmarks/timeline_worker.py), the network benchmark's conv model with hvdkeras's defaults. For each bucket
-of each recorded step, on each rank: when its last gradient exists, when its allreduce was enqueued, when
-Horovod's negotiation ended, when the Gloo transfer started and ended, and when the reduced gradients
-exist. Prints the median step of each rank as a table (ms from the step's start), then rank 0's steps cut
-into five shares that add up to the step (medians), and writes every step to step_timeline.json in --out.
+(benchmarks/timeline_worker.py), the network benchmark's conv model with hvdkeras's defaults, once per
+inter-op thread setting and link rate. For each bucket of each recorded step, on each rank, from TensorFlow's profiler:
+when its last gradient exists (the end of the last op that produces one) and when its allreduce kernel
+started, handing it to Horovod, and when Horovod's thread handed the reduced gradients back (the kernel's
+done callback); on rank 0, from Horovod's timeline: when Horovod's negotiation began and
+ended and when the Gloo transfer started and ended. Prints the median step of each rank as a table (ms from
+the step's start), then rank 0's steps cut into seven shares that add up to the step (medians), and writes
+every step to step_timeline.json and a figure of rank 0's median step per rate and setting to
+step_timeline.png in --out.
 
-Horovod writes its timeline on rank 0 only, so rank 1's rows have only the two instants of its own graph.
-Those come from timestamp ops that wait for the tensors, and the executor runs them when a thread is free:
-with one inter-op thread they may run late, so they are upper bounds. Horovod's instants are exact (its
-enqueue is the allreduce kernel's start).
+Horovod writes its timeline on rank 0 only. With its response cache (on by default) a tensor's negotiation
+begins when a coordination cycle first sees it on some rank, at most one cycle (HOROVOD_CYCLE_TIME) and one
+exchange of the cache's bit vectors after an allreduce kernel enqueued it, and ends in the first cycle that
+sees it on every rank. The profiler adds a little time to every op; the steps' figures are those of
+profiled steps.
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import statistics
 import sys
 import tempfile
@@ -28,7 +35,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 sys.path.insert(0, str(REPO / "tests" / "multiworker"))
-from network_benchmark import run_on_hosts  # noqa: E402
+from network_benchmark import parse_env, parse_rate, run_on_hosts  # noqa: E402
 
 
 def horovod_spans(path: Path) -> dict:
@@ -52,22 +59,28 @@ def horovod_spans(path: Path) -> dict:
     return spans
 
 
+GRADIENT_BUCKET = re.compile(r"hvdkeras\.gradients\.\d+")
+
+
 def one_rank(folder: Path, rank: int) -> list[dict]:
-    """Every recorded step of one rank: its window, its forward end and, per bucket, the six instants."""
+    """Every recorded step of one rank: its window, when its backward pass began and, per bucket, when its last
+    gradient existed and when its allreduce kernel handed it to Horovod (TensorFlow's profiler), and on rank 0
+    when Horovod negotiated and transferred it (Horovod's timeline)."""
     record = json.loads((folder / f"timeline.rank{rank}.json").read_text())
-    marks = []
-    for line in record["marks"]:
-        what, name, stamp = line.split()
-        marks.append((what, name, float(stamp.strip('"'))))
+    producers = {op: bucket for bucket, names in record["bucket_ops"].items() for op in names}
     timeline = folder / f"timeline.rank{rank}.horovod.json"
     spans = horovod_spans(timeline) if timeline.exists() else {}  # Horovod writes it on rank 0 only
     steps = []
     for begin, end in zip(record["step_begin"], record["step_end"]):
-        inside = [(w, n, t) for w, n, t in marks if begin <= t <= end]
-        buckets = {}
-        for what, name, stamp in inside:
-            if what in ("grad_ready", "reduced"):
-                buckets.setdefault(name, {})[what] = stamp
+        inside = [op for op in record["ops"] if begin <= op[2] <= end]
+        buckets: dict[str, dict] = {name: {} for name in record["bucket_ops"]}
+        for name, kind, op_begin, op_end in inside:
+            if name in producers:
+                row = buckets[producers[name]]
+                row["grad_ready"] = max(row.get("grad_ready", op_end), op_end)
+            elif kind.startswith("Horovod") and GRADIENT_BUCKET.search(name):
+                key = "reduced" if kind.endswith(".done") else "enqueued"
+                buckets[GRADIENT_BUCKET.search(name).group()][key] = op_begin
         for name, row in buckets.items():
             parts = [sp for tensor, tensor_spans in spans.items() if tensor.split("_")[0] == name
                      for sp in tensor_spans if begin <= sp[1] <= end]
@@ -76,16 +89,18 @@ def one_rank(folder: Path, rank: int) -> list[dict]:
                 if found:
                     row[f"{key}_begin"] = min(b for b, _ in found)
                     row[f"{key}_end"] = max(e for _, e in found)
-        forward = [t for w, _, t in inside if w == "forward_end"]
-        steps.append({"begin": begin, "end": end, "forward_end": forward[0] if forward else None,
-                      "buckets": dict(sorted(buckets.items(), key=lambda kv: kv[1].get("grad_ready", 0)))})
+        backward = [op_begin for name, _, op_begin, _ in inside if name.startswith("gradient_tape/")]
+        steps.append({"begin": begin, "end": end, "backward_begin": min(backward) if backward else None,
+                      "buckets": dict(sorted(buckets.items(), key=lambda kv: kv[1].get("grad_ready", end)))})
     return steps
 
 
 def breakdown(step: dict) -> dict:
-    """Rank 0's step cut into five consecutive shares (ms) that add up to the step, from Horovod's instants:
-    until the first allreduce is enqueued, the first negotiation, the transfers themselves, the link idle
-    between transfers, and the tail after the last transfer."""
+    """Rank 0's step cut into seven consecutive shares (ms) that add up to the step: until the backward pass
+    begins (the forward pass), until the first bucket's gradients exist, until the first allreduce kernel hands
+    a bucket to Horovod (TensorFlow's executor), until the first transfer begins (Horovod's cycle and
+    negotiation, waiting for the other rank), the transfers themselves, the link idle between transfers, and
+    the tail after the last transfer."""
     rows = [r for r in step["buckets"].values() if "transfer_begin" in r]
     transfers = sorted((r["transfer_begin"], r["transfer_end"]) for r in rows)
     busy, reach = 0.0, None  # the union of the transfer intervals
@@ -96,14 +111,19 @@ def breakdown(step: dict) -> dict:
         elif end > reach:
             busy += end - reach
             reach = end
-    first_enqueue = min(r["negotiation_begin"] for r in rows)
+    first_gradients = min(r["grad_ready"] for r in step["buckets"].values())
+    first_enqueue = min(r["enqueued"] for r in step["buckets"].values())
     first, last = transfers[0][0], max(end for _, end in transfers)
-    shares = {"until_first_enqueue": first_enqueue - step["begin"], "first_negotiation": first - first_enqueue,
-              "transfers": busy, "link_idle_between": (last - first) - busy, "tail": step["end"] - last}
+    shares = {"forward": step["backward_begin"] - step["begin"],
+              "until_first_gradients": first_gradients - step["backward_begin"],
+              "until_first_enqueue": first_enqueue - first_gradients,
+              "until_first_transfer": first - first_enqueue, "transfers": busy,
+              "link_idle_between": (last - first) - busy, "tail": step["end"] - last}
     return {k: v * 1e3 for k, v in shares.items()}
 
 
-COLUMNS = ("grad_ready", "negotiation_begin", "negotiation_end", "transfer_begin", "transfer_end", "reduced")
+COLUMNS = ("grad_ready", "enqueued", "negotiation_begin", "negotiation_end", "transfer_begin", "transfer_end",
+           "reduced")
 
 
 def table(step: dict) -> str:
@@ -111,49 +131,127 @@ def table(step: dict) -> str:
     def ms(t):
         return f"{(t - step['begin']) * 1e3:7.1f}" if t is not None else "      -"
 
-    lines = [f"step {(step['end'] - step['begin']) * 1e3:.1f} ms; forward pass ends at {ms(step['forward_end'])}",
+    lines = [f"step {(step['end'] - step['begin']) * 1e3:.1f} ms; backward pass begins at {ms(step['backward_begin'])}",
              f"{'bucket':24s}" + "".join(f"{c:>19s}" for c in COLUMNS)]
     for name, row in step["buckets"].items():
         lines.append(f"{name:24s}" + "".join(f"{ms(row.get(c)):>19s}" for c in COLUMNS))
     return "\n".join(lines)
 
 
+def median_step(steps: list[dict]) -> dict:
+    durations = [s["end"] - s["begin"] for s in steps]
+    return steps[sorted(range(len(steps)), key=lambda i: durations[i])[len(steps) // 2]]
+
+
+def record(lab, tmp: Path, rate: str, inter_op: int, steps: int, timeout: float, env: dict, port: int) -> dict:
+    """One run of the two timeline workers over the shaped link: every step of both ranks, and rank 0's shares
+    (medians over the steps Horovod timed)."""
+    folder = tmp / f"{rate}-inter_op{inter_op}"
+    folder.mkdir()
+    run_on_hosts(lab, [str(HERE / "timeline_worker.py"), str(folder / "timeline"), "--steps", str(steps),
+                       "--inter-op", str(inter_op)], folder / "timeline", port, timeout, "timeline",
+                 {**env, "HOROVOD_TIMELINE": "DYNAMIC"})  # the worker starts the timeline after warm-up
+    ranks = [one_rank(folder, r) for r in (0, 1)]
+    timed = [step for step in ranks[0] if any("transfer_begin" in r for r in step["buckets"].values())]
+    shares = [breakdown(step) for step in timed]
+    return {"rate": rate, "inter_op": inter_op, "ranks": ranks,
+            "step_ms": statistics.median((s["end"] - s["begin"]) * 1e3 for s in timed),
+            "breakdown_ms": {k: statistics.median(s[k] for s in shares) for k in shares[0]}}
+
+
+def plot(runs: list[dict], path: Path) -> None:
+    """One panel per run: rank 0's median step, a row per bucket (the order its gradients came), on one axis."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(len(runs), 1, figsize=(11, 1.2 + 2.8 * len(runs)), squeeze=False)
+    for ax, run in zip(axes[:, 0], runs):
+        step = median_step(run["ranks"][0])
+
+        def ms(t, begin=step["begin"]):
+            return (t - begin) * 1e3
+
+        names = list(step["buckets"])
+        for y, name in enumerate(names):
+            row = step["buckets"][name]
+            if "negotiation_begin" in row:
+                ax.barh(y, ms(row["negotiation_end"]) - ms(row["negotiation_begin"]), left=ms(row["negotiation_begin"]),
+                        color="0.8", height=0.6, label="negotiation" if y == 0 else None)
+            if "transfer_begin" in row:
+                ax.barh(y, ms(row["transfer_end"]) - ms(row["transfer_begin"]), left=ms(row["transfer_begin"]),
+                        color="C0", height=0.6, label="Gloo transfer" if y == 0 else None)
+            if "grad_ready" in row:
+                ax.plot(ms(row["grad_ready"]), y, "k|", ms=14, mew=2, label="gradients exist" if y == 0 else None)
+            if "enqueued" in row:
+                ax.plot(ms(row["enqueued"]), y, "C1>", ms=7, label="allreduce kernel starts" if y == 0 else None)
+        if step["backward_begin"] is not None:
+            ax.axvline(ms(step["backward_begin"]), color="C2", ls="--", lw=1, label="backward pass begins")
+        ax.axvline(ms(step["end"]), color="C3", lw=1, label="step ends")
+        ax.set_yticks(range(len(names)), [n.rsplit(".", 1)[-1] for n in names])
+        ax.set_ylabel("bucket")
+        ax.invert_yaxis()
+        shares = " + ".join(f"{k.replace('_', ' ')} {v:.1f}" for k, v in run["breakdown_ms"].items())
+        threads = "default inter-op threads" if run["inter_op"] == 0 else f"{run['inter_op']} inter-op thread"
+        ax.set_title(f"{run['rate']}, {threads}: the median step of rank 0; medians over the steps (ms):\n"
+                     f"{run['step_ms']:.1f} = {shares}", fontsize=9)
+        ax.set_xlim(0, ms(step["end"]) * 1.02)
+        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    axes[-1, 0].set_xlabel("ms from the step's start (rank 0)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--rate", default="200mbit")
+    parser.add_argument("--rates", default="1gbit,200mbit", help="link rates, comma-separated, as tc writes them")
     parser.add_argument("--steps", type=int, default=12)
-    parser.add_argument("--inter-op", type=int, default=1, help="inter-op threads; 0: TensorFlow's default")
+    parser.add_argument("--inter-op", default="1,0",
+                        help="inter-op thread settings to run, comma-separated; 0: TensorFlow's default")
+    parser.add_argument("--env", action="append", default=[], metavar="NAME=VALUE",
+                        help="set in both workers, e.g. HOROVOD_CYCLE_TIME=1")
     parser.add_argument("--timeout", type=float, default=600)
     parser.add_argument("--out", default=str(HERE / "results"))
     args = parser.parse_args(argv)
+    env = dict(parse_env(parser, args.env))
+    rates = [r.strip() for r in args.rates.split(",") if r.strip()]
+    for rate in rates:
+        try:
+            parse_rate(rate)  # a bad rate is an error before any host is made
+        except argparse.ArgumentTypeError as e:
+            parser.error(str(e))
+    try:
+        settings = [int(v) for v in args.inter_op.split(",")]
+    except ValueError:
+        parser.error(f"--inter-op takes comma-separated integers >= 0. Received: {args.inter_op!r}")
+    if not settings or min(settings) < 0:
+        parser.error(f"--inter-op takes comma-separated integers >= 0. Received: {args.inter_op!r}")
     if os.geteuid() != 0:
         raise SystemExit("step_timeline.py needs root (network namespaces and tc)")
     from lab import LabHosts
 
     tmp = Path(tempfile.mkdtemp(prefix="hvdk-timeline-"))
     lab = LabHosts(tmp, subnet=79).start()
+    runs = []
     try:
-        lab.shape(args.rate)
-        run_on_hosts(lab, [str(HERE / "timeline_worker.py"), str(tmp / "timeline"), "--steps", str(args.steps),
-                           "--inter-op", str(args.inter_op)], tmp / "timeline", 29750, args.timeout, "timeline",
-                     {"HOROVOD_TIMELINE": "DYNAMIC"})  # the worker starts the timeline after warm-up
+        for rate in rates:
+            lab.shape(rate)
+            for inter_op in settings:
+                runs.append(record(lab, tmp, rate, inter_op, args.steps, args.timeout, env, 29750 + len(runs)))
     finally:
         lab.stop()
-    result = {"rate": args.rate, "inter_op": args.inter_op, "ranks": [one_rank(tmp, r) for r in (0, 1)]}
+    for run in runs:
+        print(f"--- {run['rate']}, inter-op threads {run['inter_op'] or 'default'}")
+        for rank, steps in enumerate(run["ranks"]):
+            print(f"rank {rank}, the median of {len(steps)} steps:\n{table(median_step(steps))}\n")
+        print(f"rank 0, medians over the timed steps (ms): step {run['step_ms']:.1f} = "
+              + " + ".join(f"{k} {v:.1f}" for k, v in run["breakdown_ms"].items()))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    for rank, steps in enumerate(result["ranks"]):
-        durations = [s["end"] - s["begin"] for s in steps]
-        median = sorted(range(len(steps)), key=lambda i: durations[i])[len(steps) // 2]
-        print(f"rank {rank}, the median of {len(steps)} steps:\n{table(steps[median])}\n")
-    timed = [step for step in result["ranks"][0] if any("transfer_begin" in r for r in step["buckets"].values())]
-    shares = [breakdown(step) for step in timed]
-    result["breakdown_ms"] = {k: statistics.median(s[k] for s in shares) for k in shares[0]}
-    steps_ms = [(s["end"] - s["begin"]) * 1e3 for s in timed]
-    print(f"rank 0, medians over {len(shares)} steps (ms): step {statistics.median(steps_ms):.1f} = "
-          + " + ".join(f"{k} {v:.1f}" for k, v in result["breakdown_ms"].items()))
-    (out / "step_timeline.json").write_text(json.dumps(result, indent=1))
-    print(f"wrote {out / 'step_timeline.json'}; the raw timelines are in {tmp}")
+    (out / "step_timeline.json").write_text(json.dumps({"env": env, "runs": runs}, indent=1))
+    plot(runs, out / "step_timeline.png")
+    print(f"wrote {out / 'step_timeline.json'} and {out / 'step_timeline.png'}; the raw timelines are in {tmp}")
     return 0
 
 

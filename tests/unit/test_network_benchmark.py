@@ -34,12 +34,34 @@ def test_a_link_is_reported_only_when_it_runs_near_the_nominal_rate():
 
 
 def test_overlap_and_efficiency_follow_their_definitions():
-    d = nb.derive(t_step=120.0, t_local=100.0, t_comm=50.0)
+    d = nb.derive(t_step=120.0, t_local=100.0, t_comm=50.0, t_forward=20.0)
     assert d["no_overlap_ms"] == 150.0 and d["perfect_overlap_ms"] == 100.0
     assert d["overlap"] == pytest.approx(0.6)  # 30 of the 50 ms of communication hidden
     assert d["scaling_efficiency"] == pytest.approx(100 / 120)
-    assert nb.derive(150.0, 100.0, 50.0)["overlap"] == pytest.approx(0.0)
-    assert nb.derive(100.0, 100.0, 50.0)["overlap"] == pytest.approx(1.0)
+    assert nb.derive(150.0, 100.0, 50.0, 20.0)["overlap"] == pytest.approx(0.0)
+    assert nb.derive(100.0, 100.0, 50.0, 20.0)["overlap"] == pytest.approx(1.0)
+
+
+def test_overlap_after_the_forward_pass_is_measured_against_that_bound():
+    # Communication about as long as compute: no gradient before the forward pass ends (20 ms), so the best step
+    # is 20 + 100 = 120 ms, not max(t_local, t_comm) = 100 ms.
+    d = nb.derive(t_step=140.0, t_local=100.0, t_comm=100.0, t_forward=20.0)
+    assert d["after_forward_bound_ms"] == 120.0 and d["perfect_overlap_ms"] == 100.0
+    assert d["overlap"] == pytest.approx(0.6)  # 60 of the 100 hideable ms
+    assert d["overlap_after_forward"] == pytest.approx(0.75)  # 60 of the 80 ms that can be hidden after it
+    assert d["vs_after_forward_bound"] == pytest.approx(140 / 120 - 1)
+    assert nb.derive(120.0, 100.0, 100.0, 20.0)["overlap_after_forward"] == pytest.approx(1.0)
+    # Compute-bound: the bound is t_local, and both overlaps agree.
+    d = nb.derive(t_step=110.0, t_local=100.0, t_comm=30.0, t_forward=20.0)
+    assert d["after_forward_bound_ms"] == 100.0 and d["overlap_after_forward"] == pytest.approx(d["overlap"])
+
+
+@pytest.mark.parametrize("value", ["", "one", "1,1", "-1"])
+def test_a_bad_inter_op_setting_says_what_was_received(value, capsys):
+    with pytest.raises(SystemExit):
+        nb.main(["--inter-op", value])
+    err = capsys.readouterr().err
+    assert "--inter-op takes distinct integers >= 0" in err and f"Received: {value!r}" in err
 
 
 def test_rounds_take_the_slower_rank_then_the_median():

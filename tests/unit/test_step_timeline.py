@@ -1,4 +1,4 @@
-"""The one-step timeline's reading of Horovod's timeline and of the workers' marks, on a recorded step."""
+"""The one-step timeline's reading of Horovod's timeline and of the workers' profiled ops, on a recorded step."""
 
 import importlib.util
 import json
@@ -34,33 +34,70 @@ def write_rank0(folder: Path, unterminated: bool) -> None:
     (folder / "timeline.rank0.horovod.json").write_text(text)
 
 
-def write_marks(folder: Path, rank: int) -> None:
+def write_record(folder: Path, rank: int) -> None:
+    # The profiled ops of one step: the forward pass, the ops that produce each bucket's gradients (bucket 1's
+    # last one ends at 9 ms), each bucket's allreduce kernel (its start, then its done callback) and one op of
+    # a later step, which is not read.
     t0 = START_US / 1e6
-    marks = [f'forward_end loss "{t0 + 0.004:.6f}"', f'grad_ready hvdkeras.gradients.0 "{t0 + 0.0045:.6f}"',
-             f'reduced hvdkeras.gradients.0 "{t0 + 0.010:.6f}"', f'grad_ready hvdkeras.gradients.1 "{t0 + 0.009:.6f}"',
-             f'reduced hvdkeras.gradients.1 "{t0 + 0.032:.6f}"', f'grad_ready hvdkeras.gradients.0 "{t0 + 9:.6f}"']
+
+    def op(name, kind, begin_ms, end_ms):
+        return [name, kind, t0 + begin_ms / 1e3, t0 + end_ms / 1e3]
+
+    ops = [op("sequential/conv2d/Relu", "_MklNativeFusedConv2D", 0.5, 3.5),
+           op("gradient_tape/sequential/dense/MatMul/MatMul_1", "_MklMatMul", 4.0, 4.5),
+           op("gradient_tape/sequential/conv2d_1/Conv2DBackpropFilter", "_MklNativeConv2DBackpropFilterWithBias",
+              6.0, 8.0),
+           op("gradient_tape/sequential/conv2d/Conv2DBackpropFilter", "_MklNativeConv2DBackpropFilterWithBias",
+              8.0, 9.0),
+           op("distributed_sgd/hvdkeras.gradients.0", "HorovodGroupedAllreduce", 4.6, 4.7),
+           op("distributed_sgd/hvdkeras.gradients.1", "HorovodGroupedAllreduce", 9.1, 9.2),
+           op("distributed_sgd/hvdkeras.gradients.0", "HorovodGroupedAllreduce.done", 10.0, 10.1),
+           op("distributed_sgd/hvdkeras.gradients.1", "HorovodGroupedAllreduce.done", 32.0, 32.1),
+           op("gradient_tape/sequential/conv2d/Conv2DBackpropFilter", "_MklNativeConv2DBackpropFilterWithBias",
+              9000.0, 9001.0)]
+    buckets = {"hvdkeras.gradients.0": ["gradient_tape/sequential/dense/MatMul/MatMul_1"],
+               "hvdkeras.gradients.1": ["gradient_tape/sequential/conv2d_1/Conv2DBackpropFilter",
+                                        "gradient_tape/sequential/conv2d/Conv2DBackpropFilter"]}
     (folder / f"timeline.rank{rank}.json").write_text(json.dumps(
-        {"rank": rank, "step_begin": [t0], "step_end": [t0 + 0.035], "marks": marks}))
+        {"rank": rank, "step_begin": [t0], "step_end": [t0 + 0.035], "bucket_ops": buckets, "ops": ops}))
 
 
 def test_a_step_reads_every_bucket_on_one_clock(tmp_path):
     write_rank0(tmp_path, unterminated=True)
-    write_marks(tmp_path, 0)
-    write_marks(tmp_path, 1)
+    write_record(tmp_path, 0)
+    write_record(tmp_path, 1)
     [step] = st.one_rank(tmp_path, 0)
     assert list(step["buckets"]) == ["hvdkeras.gradients.0", "hvdkeras.gradients.1"]  # in the order grads came
     ms = {name: {k: round((v - step["begin"]) * 1e3, 3) for k, v in row.items()}
           for name, row in step["buckets"].items()}
-    assert ms["hvdkeras.gradients.1"] == {"grad_ready": 9.0, "negotiation_begin": 10.0, "negotiation_end": 14.0,
-                                          "transfer_begin": 15.0, "transfer_end": 31.0, "reduced": 32.0}
-    assert ms["hvdkeras.gradients.0"]["transfer_end"] == 9.5  # a mark outside the step (t0 + 9 s) is not read
-    assert round((step["forward_end"] - step["begin"]) * 1e3, 3) == 4.0
+    assert ms["hvdkeras.gradients.1"] == {"grad_ready": 9.0, "enqueued": 9.1, "negotiation_begin": 10.0,
+                                          "negotiation_end": 14.0, "transfer_begin": 15.0, "transfer_end": 31.0,
+                                          "reduced": 32.0}
+    assert ms["hvdkeras.gradients.0"]["transfer_end"] == 9.5  # an op outside the step (t0 + 9 s) is not read
+    assert round((step["backward_begin"] - step["begin"]) * 1e3, 3) == 4.0
     [other] = st.one_rank(tmp_path, 1)  # Horovod writes its timeline on rank 0 only
-    assert set(other["buckets"]["hvdkeras.gradients.1"]) == {"grad_ready", "reduced"}
+    assert set(other["buckets"]["hvdkeras.gradients.1"]) == {"grad_ready", "enqueued", "reduced"}
     table = st.table(step)
-    assert "step 35.0 ms; forward pass ends at     4.0" in table
-    assert table.splitlines()[-1].split() == ["hvdkeras.gradients.1", "9.0", "10.0", "14.0", "15.0", "31.0", "32.0"]
-    shares = st.breakdown(step)  # five consecutive shares of the 35 ms step
-    assert {k: round(v, 3) for k, v in shares.items()} == {"until_first_enqueue": 5.0, "first_negotiation": 3.5,
-                                                           "transfers": 17.0, "link_idle_between": 5.5, "tail": 4.0}
+    assert "step 35.0 ms; backward pass begins at     4.0" in table
+    assert table.splitlines()[-1].split() == ["hvdkeras.gradients.1", "9.0", "9.1", "10.0", "14.0", "15.0", "31.0",
+                                              "32.0"]
+    shares = st.breakdown(step)  # seven consecutive shares of the 35 ms step
+    assert {k: round(v, 3) for k, v in shares.items()} == {
+        "forward": 4.0, "until_first_gradients": 0.5, "until_first_enqueue": 0.1, "until_first_transfer": 3.9,
+        "transfers": 17.0, "link_idle_between": 5.5, "tail": 4.0}
     assert round(sum(shares.values()), 3) == 35.0
+
+
+def test_the_figure_shows_one_panel_per_threading_setting(tmp_path):
+    write_rank0(tmp_path, unterminated=False)
+    write_record(tmp_path, 0)
+    [step] = st.one_rank(tmp_path, 0)
+    assert st.median_step([step]) is step
+    runs = [{"rate": "200mbit", "inter_op": inter_op, "ranks": [[step], []], "step_ms": 35.0,
+             "breakdown_ms": st.breakdown(step)} for inter_op in (1, 0)]
+    st.plot(runs, tmp_path / "step.png")
+    from PIL import Image
+
+    with Image.open(tmp_path / "step.png") as image:
+        width, height = image.size
+    assert width > 800 and height > 2 * 200  # two panels, one above the other
