@@ -75,12 +75,12 @@ def one_rank(folder: Path, rank: int) -> list[dict]:
         inside = [op for op in record["ops"] if begin <= op[2] <= end]
         buckets: dict[str, dict] = {name: {} for name in record["bucket_ops"]}
         for name, kind, op_begin, op_end in inside:
+            bucket = GRADIENT_BUCKET.search(name) if kind.startswith("Horovod") else None
             if name in producers:
                 row = buckets[producers[name]]
                 row["grad_ready"] = max(row.get("grad_ready", op_end), op_end)
-            elif kind.startswith("Horovod") and GRADIENT_BUCKET.search(name):
-                key = "reduced" if kind.endswith(".done") else "enqueued"
-                buckets[GRADIENT_BUCKET.search(name).group()][key] = op_begin
+            elif bucket:
+                buckets[bucket.group()]["reduced" if kind.endswith(".done") else "enqueued"] = op_begin
         for name, row in buckets.items():
             parts = [sp for tensor, tensor_spans in spans.items() if tensor.split("_")[0] == name
                      for sp in tensor_spans if begin <= sp[1] <= end]
