@@ -19,6 +19,7 @@ import argparse
 import glob
 import json
 import os
+import shutil
 import tempfile
 import time
 from pathlib import Path
@@ -125,7 +126,9 @@ steps = Steps()
 model.fit(data, steps_per_epoch=args.steps, epochs=1, verbose=0, callbacks=[steps])
 tf.profiler.experimental.stop()
 htf.stop_timeline()
+ops = profiled_ops(logdir, profile_align)
+shutil.rmtree(logdir, ignore_errors=True)
 with open(f"{args.out}.rank{rank}.json", "w") as f:
     json.dump({"rank": rank, "inter_op": args.inter_op, "align": [before, after], "step_begin": steps.begin,
-               "step_end": steps.end, "bucket_ops": BUCKET_OPS, "ops": profiled_ops(logdir, profile_align),
+               "step_end": steps.end, "bucket_ops": BUCKET_OPS, "ops": ops,
                "horovod_cycle_time": os.environ.get("HOROVOD_CYCLE_TIME")}, f)
