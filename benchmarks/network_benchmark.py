@@ -93,6 +93,23 @@ def clean_env() -> dict:
     return env
 
 
+def parse_rates(parser: argparse.ArgumentParser, text: str) -> list[tuple[str, float]]:
+    """--rates as [(rate as tc writes it, bits per second)]; a bad rate is the parser's error."""
+    try:
+        return [(r.strip(), parse_rate(r)) for r in text.split(",") if r.strip()]
+    except argparse.ArgumentTypeError as e:
+        parser.error(str(e))
+
+
+def parse_inter_op(parser: argparse.ArgumentParser, text: str) -> list[int]:
+    """--inter-op as distinct thread counts (0: TensorFlow's default); anything else is the parser's error."""
+    settings = [v.strip() for v in text.split(",") if v.strip()]
+    if not settings or not all(v.isdigit() for v in settings) or len(set(settings)) != len(settings):
+        parser.error(f"--inter-op takes distinct integers >= 0, comma-separated (0: TensorFlow's default). "
+                     f"Received: {text!r}")
+    return [int(v) for v in settings]
+
+
 def parse_env(parser: argparse.ArgumentParser, items: list[str]) -> list[tuple[str, str]]:
     """The --env NAME=VALUE options, in order; a malformed one is the parser's error."""
     env = []
@@ -283,15 +300,11 @@ def main(argv=None) -> int:
     parser.add_argument("--quick", action="store_true", help="a smoke run: 2 steps, 1 round, no meaningful numbers")
     parser.add_argument("--timeout", type=float, default=1200, help="seconds per launch of the two workers")
     args = parser.parse_args(argv)
-    rates = [(r.strip(), parse_rate(r)) for r in args.rates.split(",") if r.strip()]
+    rates = parse_rates(parser, args.rates)
     for model in args.models.split(","):
         if model not in ("conv", "mlp"):
             parser.error(f"--models takes conv and/or mlp. Received: {model!r}")
-    settings = [v.strip() for v in args.inter_op.split(",") if v.strip()]
-    if not settings or not all(v.isdigit() for v in settings) or len(set(settings)) != len(settings):
-        parser.error(f"--inter-op takes distinct integers >= 0, comma-separated (0: TensorFlow's default). "
-                     f"Received: {args.inter_op!r}")
-    settings = [int(v) for v in settings]
+    settings = parse_inter_op(parser, args.inter_op)
     env = parse_env(parser, args.env)
     args.env = env
     if args.quick:

@@ -4,15 +4,14 @@
                                                  [--out docs]
 
 Needs root: two test hosts joined by a shaped link (as `make netbench`), one worker on each
-(benchmarks/timeline_worker.py), the network benchmark's conv model with hvdkeras's defaults, once per
-inter-op thread setting and link rate. For each bucket of each recorded step, on each rank, from TensorFlow's profiler:
-when its last gradient exists (the end of the last op that produces one) and when its allreduce kernel
+(benchmarks/timeline_worker.py), the network benchmark's conv model with hvdkeras's defaults, once per link
+rate and inter-op thread setting. For each bucket of each recorded step, on each rank, from TensorFlow's
+profiler: when its last gradient exists (the end of the last op that produces one), when its allreduce kernel
 started, handing it to Horovod, and when Horovod's thread handed the reduced gradients back (the kernel's
-done callback); on rank 0, from Horovod's timeline: when Horovod's negotiation began and
-ended and when the Gloo transfer started and ended. Prints the median step of each rank as a table (ms from
-the step's start), then rank 0's steps cut into seven shares that add up to the step (medians), and writes
-every step to step_timeline.json and a figure of rank 0's median step per rate and setting to
-step_timeline.png in --out.
+done callback); on rank 0, from Horovod's timeline: when Horovod's negotiation began and ended and when the
+Gloo transfer started and ended. Prints the median step of each rank as a table (ms from the step's start),
+then rank 0's steps cut into seven shares that add up to the step (medians), and writes every step to
+step_timeline.json and a figure of rank 0's median step per rate and setting to step_timeline.png in --out.
 
 Horovod writes its timeline on rank 0 only. With its response cache (on by default) a tensor's negotiation
 begins when a coordination cycle first sees it on some rank, at most one cycle (HOROVOD_CYCLE_TIME) and one
@@ -35,7 +34,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 sys.path.insert(0, str(REPO / "tests" / "multiworker"))
-from network_benchmark import parse_env, parse_rate, run_on_hosts  # noqa: E402
+from network_benchmark import parse_env, parse_inter_op, parse_rates, run_on_hosts  # noqa: E402
 
 
 def horovod_spans(path: Path) -> dict:
@@ -215,18 +214,8 @@ def main(argv=None) -> int:
     parser.add_argument("--out", default=str(HERE / "results"))
     args = parser.parse_args(argv)
     env = dict(parse_env(parser, args.env))
-    rates = [r.strip() for r in args.rates.split(",") if r.strip()]
-    for rate in rates:
-        try:
-            parse_rate(rate)  # a bad rate is an error before any host is made
-        except argparse.ArgumentTypeError as e:
-            parser.error(str(e))
-    try:
-        settings = [int(v) for v in args.inter_op.split(",")]
-    except ValueError:
-        parser.error(f"--inter-op takes comma-separated integers >= 0. Received: {args.inter_op!r}")
-    if not settings or min(settings) < 0:
-        parser.error(f"--inter-op takes comma-separated integers >= 0. Received: {args.inter_op!r}")
+    rates = [rate for rate, _ in parse_rates(parser, args.rates)]  # a bad rate fails before any host is made
+    settings = parse_inter_op(parser, args.inter_op)
     if os.geteuid() != 0:
         raise SystemExit("step_timeline.py needs root (network namespaces and tc)")
     from lab import LabHosts

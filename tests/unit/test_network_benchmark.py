@@ -71,3 +71,10 @@ def test_rounds_take_the_slower_rank_then_the_median():
     assert out["rounds_ms"] == pytest.approx([120, 300, 210])
     assert out["median_ms"] == pytest.approx(210) and out["min_ms"] == pytest.approx(120)
     assert out["cpu_ms"] == pytest.approx(200)  # the ranks' mean per round, then the median
+
+
+def test_a_bad_rate_on_the_command_line_is_a_usage_error(capsys):
+    with pytest.raises(SystemExit):
+        nb.main(["--rates", "1gbit,fast"])
+    err = capsys.readouterr().err
+    assert "error: a link rate is a number and kbit, mbit or gbit" in err and "Received: 'fast'" in err

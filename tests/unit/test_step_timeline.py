@@ -5,6 +5,8 @@ import json
 import sys
 from pathlib import Path
 
+import pytest
+
 BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
 sys.path.insert(0, str(BENCHMARKS))  # step_timeline imports network_benchmark
 spec = importlib.util.spec_from_file_location("step_timeline", BENCHMARKS / "step_timeline.py")
@@ -101,3 +103,11 @@ def test_the_figure_shows_one_panel_per_threading_setting(tmp_path):
     with Image.open(tmp_path / "step.png") as image:
         width, height = image.size
     assert width > 800 and height > 2 * 200  # two panels, one above the other
+
+
+@pytest.mark.parametrize("argv, expected", [(["--inter-op", "one"], "--inter-op takes distinct integers >= 0"),
+                                            (["--rates", "fast"], "kbit, mbit or gbit")])
+def test_bad_options_are_usage_errors_before_any_host_is_made(argv, expected, capsys):
+    with pytest.raises(SystemExit):
+        st.main(argv)
+    assert expected in capsys.readouterr().err
