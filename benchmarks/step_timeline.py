@@ -110,8 +110,10 @@ def breakdown(step: dict) -> dict:
         elif end > reach:
             busy += end - reach
             reach = end
-    first_gradients = min(r["grad_ready"] for r in step["buckets"].values())
+    # A bucket whose producing ops Grappler fused into others has no grad_ready of its own (small buckets of
+    # bias gradients); its kernel's start, which needs its gradients, stands in for it.
     first_enqueue = min(r["enqueued"] for r in step["buckets"].values())
+    first_gradients = min([r["grad_ready"] for r in step["buckets"].values() if "grad_ready" in r] + [first_enqueue])
     first, last = transfers[0][0], max(end for _, end in transfers)
     shares = {"forward": step["backward_begin"] - step["begin"],
               "until_first_gradients": first_gradients - step["backward_begin"],

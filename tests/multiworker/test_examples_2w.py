@@ -77,3 +77,31 @@ def test_network_benchmark_smoke(tmp_path):
                                         "horovod_keras2"}
         assert mlp["grad_bytes"] > 3_000_000 and mlp["t_local_ms"] > 0 and mlp["t_comm_ms"] > 0
         assert mlp["variants"]["hvdkeras"]["after_forward_bound_ms"] >= mlp["t_comm_ms"]
+
+
+def test_step_timeline_smoke(tmp_path):
+    """The one-step timeline's whole path on the two test hosts: TensorFlow's profiler on both ranks and Horovod's
+    timeline on rank 0, read into every bucket's instants, its shares and its figure."""
+    require("ip", "tc")
+    out = tmp_path / "timeline"
+    # hvdkeras's default buckets, as the published timeline has them (the tests' own are 256 bytes).
+    from hvdkeras.optimizer import DEFAULT_BUCKET_BYTES
+
+    job = run_command([sys.executable, str(REPO / "benchmarks" / "step_timeline.py"), "--rates", "200mbit",
+                       "--inter-op", "1", "--steps", "4", "--out", str(out)], tmp_path, timeout=300,
+                      env={"HVDKERAS_BUCKET_BYTES": str(DEFAULT_BUCKET_BYTES)})
+    if job.returncode != 0:
+        job.fail("step_timeline.py failed")
+    [run] = json.loads((out / "step_timeline.json").read_text())["runs"]
+    assert (run["rate"], run["inter_op"]) == ("200mbit", 1)
+    rank0, rank1 = run["ranks"]
+    assert len(rank0) == len(rank1) == 4
+    for step in rank0:
+        assert step["buckets"] and step["backward_begin"] is not None
+        for name, row in step["buckets"].items():
+            # Every bucket's gradients exist before its kernel hands them to Horovod, and the transfer follows.
+            assert row["grad_ready"] <= row["enqueued"] <= row["transfer_begin"] <= row["transfer_end"], (name, row)
+    assert all(set(row) == {"grad_ready", "enqueued", "reduced"} for step in rank1 for row in step["buckets"].values())
+    shares = run["breakdown_ms"]
+    assert abs(sum(shares.values()) - run["step_ms"]) < 0.25 * run["step_ms"]  # medians of shares, one each
+    assert (out / "step_timeline.png").stat().st_size > 10_000
