@@ -10,7 +10,7 @@ profiler: when its last gradient exists (the end of the last op that produces on
 started, handing it to Horovod, and when Horovod's thread handed the reduced gradients back (the kernel's
 done callback); on rank 0, from Horovod's timeline: when Horovod's negotiation began and ended and when the
 Gloo transfer started and ended. Prints the median step of each rank as a table (ms from the step's start),
-then rank 0's steps cut into seven shares that add up to the step (medians), and writes every step to
+then rank 0's steps cut into eight shares that add up to the step (medians), and writes every step to
 step_timeline.json and a figure of rank 0's median step per rate and setting to step_timeline.png in --out.
 
 Horovod writes its timeline on rank 0 only. With its response cache (on by default) a tensor's negotiation
@@ -94,12 +94,13 @@ def one_rank(folder: Path, rank: int) -> list[dict]:
     return steps
 
 
-def breakdown(step: dict) -> dict:
-    """Rank 0's step cut into seven consecutive shares (ms) that add up to the step: until the backward pass
+def breakdown(step: dict, peer: dict | None = None) -> dict:
+    """Rank 0's step cut into eight consecutive shares (ms) that add up to the step: until the backward pass
     begins (the forward pass), until the first bucket's gradients exist, until the first allreduce kernel hands
-    a bucket to Horovod (TensorFlow's executor), until the first transfer begins (Horovod's cycle and
-    negotiation, waiting for the other rank), the transfers themselves, the link idle between transfers, and
-    the tail after the last transfer."""
+    a bucket to Horovod (TensorFlow's executor), until some bucket is enqueued on the other rank too (`peer`,
+    the other rank's same step; its compute can be behind), until the first transfer begins (Horovod's cycle
+    and negotiation), the transfers themselves, the link idle between transfers, and the tail after the last
+    transfer. Without `peer` the wait for the other rank counts as negotiation."""
     rows = [r for r in step["buckets"].values() if "transfer_begin" in r]
     transfers = sorted((r["transfer_begin"], r["transfer_end"]) for r in rows)
     busy, reach = 0.0, None  # the union of the transfer intervals
@@ -115,10 +116,17 @@ def breakdown(step: dict) -> dict:
     first_enqueue = min(r["enqueued"] for r in step["buckets"].values())
     first_gradients = min([r["grad_ready"] for r in step["buckets"].values() if "grad_ready" in r] + [first_enqueue])
     first, last = transfers[0][0], max(end for _, end in transfers)
+    on_both = first_enqueue
+    if peer is not None:
+        # The first instant some bucket is enqueued on both ranks: no negotiation can end before it.
+        on_both = min(max(r["enqueued"], peer["buckets"][name]["enqueued"]) for name, r in step["buckets"].items()
+                      if name in peer["buckets"])
+        on_both = min(max(on_both, first_enqueue), first)
     shares = {"forward": step["backward_begin"] - step["begin"],
               "until_first_gradients": first_gradients - step["backward_begin"],
               "until_first_enqueue": first_enqueue - first_gradients,
-              "until_first_transfer": first - first_enqueue, "transfers": busy,
+              "waiting_for_the_other_rank": on_both - first_enqueue,
+              "negotiation": first - on_both, "transfers": busy,
               "link_idle_between": (last - first) - busy, "tail": step["end"] - last}
     return {k: v * 1e3 for k, v in shares.items()}
 
@@ -153,10 +161,13 @@ def record(lab, tmp: Path, rate: str, inter_op: int, steps: int, timeout: float,
                        "--inter-op", str(inter_op)], folder / "timeline", port, timeout, "timeline",
                  {**env, "HOROVOD_TIMELINE": "DYNAMIC"})  # the worker starts the timeline after warm-up
     ranks = [one_rank(folder, r) for r in (0, 1)]
-    timed = [step for step in ranks[0] if any("transfer_begin" in r for r in step["buckets"].values())]
-    shares = [breakdown(step) for step in timed]
+    # Both ranks record the same steps, in order; the timed ones are those Horovod's timeline saw.
+    peers = ranks[1] if len(ranks[1]) == len(ranks[0]) else [None] * len(ranks[0])
+    timed = [(step, peer) for step, peer in zip(ranks[0], peers)
+             if any("transfer_begin" in r for r in step["buckets"].values())]
+    shares = [breakdown(step, peer) for step, peer in timed]
     return {"rate": rate, "inter_op": inter_op, "ranks": ranks,
-            "step_ms": statistics.median((s["end"] - s["begin"]) * 1e3 for s in timed),
+            "step_ms": statistics.median((s["end"] - s["begin"]) * 1e3 for s, _ in timed),
             "breakdown_ms": {k: statistics.median(s[k] for s in shares) for k in shares[0]}}
 
 
@@ -193,7 +204,8 @@ def plot(runs: list[dict], path: Path) -> None:
         ax.set_yticks(range(len(names)), [n.rsplit(".", 1)[-1] for n in names])
         ax.set_ylabel("bucket")
         ax.invert_yaxis()
-        shares = " + ".join(f"{k.replace('_', ' ')} {v:.1f}" for k, v in run["breakdown_ms"].items())
+        shares = [f"{k.replace('_', ' ')} {v:.1f}" for k, v in run["breakdown_ms"].items()]
+        shares = " + ".join(shares[:4]) + "\n+ " + " + ".join(shares[4:])
         threads = "default inter-op threads" if run["inter_op"] == 0 else f"{run['inter_op']} inter-op thread"
         ax.set_title(f"{run['rate']}, {threads}: the median step of rank 0; medians over the steps (ms):\n"
                      f"{run['step_ms']:.1f} = {shares}", fontsize=9)

@@ -36,22 +36,22 @@ def write_rank0(folder: Path, unterminated: bool) -> None:
     (folder / "timeline.rank0.horovod.json").write_text(text)
 
 
-def write_record(folder: Path, rank: int) -> None:
+def write_record(folder: Path, rank: int, late_ms: float = 0.0) -> None:
     # The profiled ops of one step: the forward pass, the ops that produce each bucket's gradients (bucket 1's
     # last one ends at 9 ms), each bucket's allreduce kernel (its start, then its done callback) and one op of
-    # a later step, which is not read.
+    # a later step, which is not read. `late_ms` delays bucket 0's gradients and kernel (a slower rank).
     t0 = START_US / 1e6
 
     def op(name, kind, begin_ms, end_ms):
         return [name, kind, t0 + begin_ms / 1e3, t0 + end_ms / 1e3]
 
     ops = [op("sequential/conv2d/Relu", "_MklNativeFusedConv2D", 0.5, 3.5),
-           op("gradient_tape/sequential/dense/MatMul/MatMul_1", "_MklMatMul", 4.0, 4.5),
+           op("gradient_tape/sequential/dense/MatMul/MatMul_1", "_MklMatMul", 4.0 + late_ms, 4.5 + late_ms),
            op("gradient_tape/sequential/conv2d_1/Conv2DBackpropFilter", "_MklNativeConv2DBackpropFilterWithBias",
               6.0, 8.0),
            op("gradient_tape/sequential/conv2d/Conv2DBackpropFilter", "_MklNativeConv2DBackpropFilterWithBias",
               8.0, 9.0),
-           op("distributed_sgd/hvdkeras.gradients.0", "HorovodGroupedAllreduce", 4.6, 4.7),
+           op("distributed_sgd/hvdkeras.gradients.0", "HorovodGroupedAllreduce", 4.6 + late_ms, 4.7 + late_ms),
            op("distributed_sgd/hvdkeras.gradients.1", "HorovodGroupedAllreduce", 9.1, 9.2),
            op("distributed_sgd/hvdkeras.gradients.0", "HorovodGroupedAllreduce.done", 10.0, 10.1),
            op("distributed_sgd/hvdkeras.gradients.1", "HorovodGroupedAllreduce.done", 32.0, 32.1),
@@ -83,14 +83,29 @@ def test_a_step_reads_every_bucket_on_one_clock(tmp_path):
     assert "step 35.0 ms; backward pass begins at     4.0" in table
     assert table.splitlines()[-1].split() == ["hvdkeras.gradients.1", "9.0", "9.1", "10.0", "14.0", "15.0", "31.0",
                                               "32.0"]
-    shares = st.breakdown(step)  # seven consecutive shares of the 35 ms step
+    shares = st.breakdown(step, other)  # eight consecutive shares of the 35 ms step
     assert {k: round(v, 3) for k, v in shares.items()} == {
-        "forward": 4.0, "until_first_gradients": 0.5, "until_first_enqueue": 0.1, "until_first_transfer": 3.9,
-        "transfers": 17.0, "link_idle_between": 5.5, "tail": 4.0}
+        "forward": 4.0, "until_first_gradients": 0.5, "until_first_enqueue": 0.1, "waiting_for_the_other_rank": 0.0,
+        "negotiation": 3.9, "transfers": 17.0, "link_idle_between": 5.5, "tail": 4.0}
     assert round(sum(shares.values()), 3) == 35.0
+    assert st.breakdown(step) == shares  # the other rank enqueued bucket 0 at the same instant
     del step["buckets"]["hvdkeras.gradients.0"]["grad_ready"]  # its producing ops fused into others
     shares = st.breakdown(step)  # bucket 0's kernel start (4.6 ms) stands in for its gradients
     assert (round(shares["until_first_gradients"], 3), round(shares["until_first_enqueue"], 3)) == (0.6, 0.0)
+
+
+def test_a_slower_rank_is_waited_for_before_negotiation_can_end(tmp_path):
+    write_rank0(tmp_path, unterminated=False)
+    write_record(tmp_path, 0)
+    write_record(tmp_path, 1, late_ms=1.4)  # rank 1 enqueues bucket 0 at 6.0 ms; rank 0 did at 4.6
+    [step], [other] = st.one_rank(tmp_path, 0), st.one_rank(tmp_path, 1)
+    shares = st.breakdown(step, other)
+    # Bucket 0 is on both ranks at 6.0 ms, and its transfer begins at 8.5 ms.
+    assert (round(shares["waiting_for_the_other_rank"], 3), round(shares["negotiation"], 3)) == (1.4, 2.5)
+    assert round(sum(shares.values()), 3) == 35.0
+    write_record(tmp_path, 1, late_ms=20.0)  # bucket 0 after the transfer began: the wait ends at the transfer
+    shares = st.breakdown(step, st.one_rank(tmp_path, 1)[0])
+    assert (round(shares["waiting_for_the_other_rank"], 3), round(shares["negotiation"], 3)) == (3.9, 0.0)
 
 
 def test_the_figure_shows_one_panel_per_threading_setting(tmp_path):
