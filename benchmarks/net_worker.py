@@ -5,8 +5,8 @@
 
 The job forms from the torchrun-style variables the driver sets (RANK, WORLD_SIZE, MASTER_ADDR, ...), through
 hvdkeras's rendezvous, for both kinds. Every variant of every model is built once, warmed up, then timed
-in R interleaved rounds of S steps; a round's figures are the median of its step intervals and the process's
-CPU seconds per step (all threads). Each rank writes OUT_JSON.rankN.
+in R interleaved rounds of S steps; a round's figures are the median of its step intervals, and the process's
+CPU seconds and seconds waiting for a core per step (all threads). Each rank writes OUT_JSON.rankN.
 
 keras3: local (plain optimizer, no communication), forward (the forward pass and loss alone), comm / comm_fp16
         (the gradients' grouped allreduce alone), link (one allreduce of the same bytes in one tensor),
@@ -71,27 +71,45 @@ def grad_bytes(model) -> int:
     return int(sum(np.prod(v.shape) * 4 for v in model.trainable_variables))
 
 
+def usage() -> tuple[float, float]:
+    """The process's CPU seconds (all threads), and the seconds its threads spent runnable but waiting for a
+    core (the sum of every thread's run delay, /proc/self/task/*/schedstat; 0 where the kernel has none)."""
+    waited = 0
+    for task in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{task}/schedstat") as f:
+                waited += int(f.read().split()[1])
+        except (OSError, IndexError, ValueError):  # a thread that ended meanwhile, or no schedstat
+            pass
+    return time.process_time(), waited / 1e9
+
+
+def per_step(marks: list, steps: int) -> tuple[float, float]:
+    """CPU and core-waiting seconds per step between the first and the last mark."""
+    return (marks[-1][0] - marks[0][0]) / steps, (marks[-1][1] - marks[0][1]) / steps
+
+
 def step_timer(keras):
     class Intervals(keras.callbacks.Callback):
         def __init__(self):
             super().__init__()
-            self.ends, self.cpu = [], []
+            self.ends, self.usage = [], []
 
         def on_train_batch_end(self, batch, logs=None):
             self.ends.append(time.perf_counter())
-            self.cpu.append(time.process_time())
+            self.usage.append(usage())
 
     return Intervals()
 
 
 def fit_runner(keras, model, data, barrier):
-    """A function that runs `steps` fit steps; returns the median step interval and the process's CPU
-    seconds per step (all its threads: TensorFlow's and Horovod's), both after the first step."""
+    """A function that runs `steps` fit steps; returns the median step interval, and the process's CPU seconds
+    and core-waiting seconds per step (all its threads: TensorFlow's and Horovod's), all after the first step."""
     def run(steps):
         barrier()
         timer = step_timer(keras)
         model.fit(data, steps_per_epoch=steps + 1, epochs=1, verbose=0, callbacks=[timer])
-        return statistics.median(np.diff(timer.ends)), (timer.cpu[-1] - timer.cpu[0]) / steps
+        return (statistics.median(np.diff(timer.ends)), *per_step(timer.usage, steps))
 
     return run
 
@@ -99,27 +117,29 @@ def fit_runner(keras, model, data, barrier):
 def loop_runner(step_fn, barrier):
     def run(steps):
         barrier()
-        ends, cpu = [], []
+        ends, marks = [], []
         for _ in range(steps + 1):
             step_fn()
             ends.append(time.perf_counter())
-            cpu.append(time.process_time())
-        return statistics.median(np.diff(ends)), (cpu[-1] - cpu[0]) / steps
+            marks.append(usage())
+        return (statistics.median(np.diff(ends)), *per_step(marks, steps))
 
     return run
 
 
-def measure(runners: dict, steps: int, rounds: int, warmup: int) -> tuple[dict, dict]:
+def measure(runners: dict, steps: int, rounds: int, warmup: int) -> tuple[dict, dict, dict]:
     for run in runners.values():
         run(warmup)
     wall = {name: [] for name in runners}
     cpu = {name: [] for name in runners}
+    wait = {name: [] for name in runners}
     for _ in range(rounds):
         for name, run in runners.items():
-            w, c = run(steps)
+            w, c, q = run(steps)
             wall[name].append(w)
             cpu[name].append(c)
-    return wall, cpu
+            wait[name].append(q)
+    return wall, cpu, wait
 
 
 def keras3_runners(model_name, rank, sweep):
@@ -246,8 +266,9 @@ def main():
               "models": {}}
     for name in args.models.split(","):
         runners, nbytes = build(name, rank, [int(b) for b in args.sweep.split(",") if b])
-        wall, cpu = measure(runners, args.steps, args.rounds, args.warmup)
-        result["models"][name] = {"grad_bytes": nbytes, "rounds_s": wall, "cpu_rounds_s": cpu}
+        wall, cpu, wait = measure(runners, args.steps, args.rounds, args.warmup)
+        result["models"][name] = {"grad_bytes": nbytes, "rounds_s": wall, "cpu_rounds_s": cpu,
+                                  "wait_rounds_s": wait}
     path = f"{args.out}.rank{rank}"
     with open(path + ".tmp", "w") as f:
         json.dump(result, f, indent=1)

@@ -18,14 +18,16 @@ nothing), all in one run:
 - Horovod side by side: its DistributedOptimizer on tf-keras (Keras 2, against its own t_local) and its
   DistributedGradientTape loop on Keras 3;
 - the bounds no overlap t_local + t_comm, perfect overlap max(t_local, t_comm), and after the forward pass
-  max(t_local, t_forward + t_comm) (no gradient exists before the forward pass ends);
+  max(t_local, t_forward + t_comm) (no gradient exists before the forward pass ends), and the reachable bound,
+  the larger of that and the CPU floor: CPU per step and worker of the local step plus the allreduce's own
+  (with one compute thread per worker and one core per host, the allreduce's CPU work cannot hide);
   overlap = (t_local + t_comm - t_step) / min(t_local, t_comm), the share of the hideable time hidden against
   perfect overlap, and overlap_after_forward the same against the after-forward bound; scaling efficiency =
   t_local / t_step.
 
 Every variant is timed in interleaved rounds inside the same two processes; figures are medians over the
-rounds of each round's median step, with the spread (min-max over rounds), and each variant's CPU time per
-step and worker (all threads). Writes network_benchmark.json and
+rounds of each round's median step, with the spread (min-max over rounds), and each variant's CPU time and
+time waiting for a core (the threads' run delay) per step and worker (all threads). Writes network_benchmark.json and
 network_benchmark.png to --out.
 """
 
@@ -165,58 +167,77 @@ def run_pair(lab, kind: str, out: Path, port: int, args, timeout: float, inter_o
     return [json.loads(Path(f"{out}.rank{r}").read_text()) for r in range(2)]
 
 
+def per_worker(ranks: list[dict], model: str, key: str, variant: str) -> float:
+    """CPU, or waiting for a core, per step and worker (ms): the ranks' mean per round, then the median."""
+    if key not in ranks[0]["models"][model]:
+        return 0.0
+    rounds = zip(*(r["models"][model][key][variant] for r in ranks))
+    return statistics.median(statistics.mean(per_rank) for per_rank in rounds) * 1e3
+
+
 def combine(ranks: list[dict], model: str) -> dict:
     """Per variant: each round's slower rank (the job waits for it), then the median and spread over rounds."""
     rounds = {}
     for variant in ranks[0]["models"][model]["rounds_s"]:
         per_round = [max(r["models"][model]["rounds_s"][variant][i] for r in ranks)
                      for i in range(len(ranks[0]["models"][model]["rounds_s"][variant]))]
-        cpu = [statistics.mean(r["models"][model]["cpu_rounds_s"][variant][i] for r in ranks)
-               for i in range(len(per_round))] if "cpu_rounds_s" in ranks[0]["models"][model] else [0.0]
         rounds[variant] = {"median_ms": statistics.median(per_round) * 1e3,
                            "min_ms": min(per_round) * 1e3, "max_ms": max(per_round) * 1e3,
                            "rounds_ms": [t * 1e3 for t in per_round],
-                           "cpu_ms": statistics.median(cpu) * 1e3}
+                           "cpu_ms": per_worker(ranks, model, "cpu_rounds_s", variant),
+                           "wait_ms": per_worker(ranks, model, "wait_rounds_s", variant)}
     return rounds
 
 
-def derive(t_step: float, t_local: float, t_comm: float, t_forward: float) -> dict:
+def derive(t_step: float, t_local: float, t_comm: float, t_forward: float, cpu_floor: float = 0.0) -> dict:
     """A step's figures against its bounds. The after-forward bound max(t_local, t_forward + t_comm) is the best
-    step when all communication waits for the forward pass (no gradient exists before it ends)."""
+    step when all communication waits for the forward pass (no gradient exists before it ends). `cpu_floor` is
+    the CPU one step needs per worker, its compute's and its allreduce's (see summarize); the reachable bound is
+    the larger of the two."""
     after_forward = max(t_local, t_forward + t_comm)
+    reachable = max(after_forward, cpu_floor)
     return {"step_ms": t_step, "no_overlap_ms": t_local + t_comm, "perfect_overlap_ms": max(t_local, t_comm),
-            "after_forward_bound_ms": after_forward,
+            "after_forward_bound_ms": after_forward, "reachable_bound_ms": reachable,
             "overlap": (t_local + t_comm - t_step) / min(t_local, t_comm),
             "overlap_after_forward": (t_local + t_comm - t_step) / (t_local + t_comm - after_forward),
             "scaling_efficiency": t_local / t_step,
             "vs_perfect_overlap": t_step / max(t_local, t_comm) - 1,
-            "vs_after_forward_bound": t_step / after_forward - 1}
+            "vs_after_forward_bound": t_step / after_forward - 1,
+            "vs_reachable_bound": t_step / reachable - 1}
 
 
 def summarize(k3: dict, k2: dict, nbytes: int) -> dict:
     t_local, t_comm, t_comm16 = (k3[k]["median_ms"] for k in ("local", "comm", "comm_fp16"))
     t_forward = k3["forward"]["median_ms"]
+    # CPU per step and worker (all threads): the local step's, and the allreduce's alone. Where the workers'
+    # compute already fills their cores (one compute thread per worker and one core per test host here), the
+    # allreduce's own CPU work (Gloo's copies and sums, TCP) cannot hide behind the backward pass: it takes
+    # the core from it. Their sum is then a floor under the step that no overlap can beat.
+    cpu_local, cpu_comm = k3["local"]["cpu_ms"], k3["comm"]["cpu_ms"]
+    cpu_comm16 = k3["comm_fp16"]["cpu_ms"]
     out = {"grad_bytes": nbytes, "t_local_ms": t_local, "t_comm_ms": t_comm, "t_comm_fp16_ms": t_comm16,
            "t_forward_ms": t_forward,
            # No gradient exists before the forward pass ends: an estimate of the best step when communication is
            # the longer part (from parts measured apart, so a step can come out a little under it).
            "after_forward_bound_ms": max(t_local, t_forward + t_comm),
+           "cpu_local_ms": cpu_local, "cpu_comm_ms": cpu_comm, "cpu_floor_ms": cpu_local + cpu_comm,
+           "wait_local_ms": k3["local"]["wait_ms"],
            "fp16_comm_cut": t_comm / t_comm16, "t_link_ms": k3["link"]["median_ms"],
            "t_local_keras2_ms": k2["local"]["median_ms"],
            "timings": {**k3, **{f"keras2_{k}": v for k, v in k2.items()}},
            "variants": {}}
     for v in (*KERAS3_VARIANTS, *sorted((k for k in k3 if k.startswith("hvdkeras_b")), key=lambda k: int(k[10:]))):
-        out["variants"][v] = derive(k3[v]["median_ms"], t_local, t_comm16 if v == "hvdkeras_fp16" else t_comm,
-                                    t_forward)
+        fp16 = v == "hvdkeras_fp16"
+        out["variants"][v] = derive(k3[v]["median_ms"], t_local, t_comm16 if fp16 else t_comm, t_forward,
+                                    cpu_local + (cpu_comm16 if fp16 else cpu_comm))
         out["variants"][v]["spread_ms"] = [k3[v]["min_ms"], k3[v]["max_ms"]]
         out["variants"][v]["cpu_ms"] = k3[v]["cpu_ms"]
+        out["variants"][v]["wait_ms"] = k3[v]["wait_ms"]
     out["variants"]["horovod_keras2"] = derive(k2["horovod_keras2"]["median_ms"], k2["local"]["median_ms"], t_comm,
-                                               t_forward)
+                                               t_forward, k2["local"]["cpu_ms"] + cpu_comm)
     out["variants"]["horovod_keras2"]["spread_ms"] = [k2["horovod_keras2"]["min_ms"], k2["horovod_keras2"]["max_ms"]]
     out["variants"]["horovod_keras2"]["cpu_ms"] = k2["horovod_keras2"]["cpu_ms"]
-    # CPU per step and worker (all threads): the local step's, and the allreduce's alone. One core per worker:
-    # communication that needs CPU takes it from the backward pass it should hide behind.
-    out["cpu_local_ms"], out["cpu_comm_ms"] = k3["local"]["cpu_ms"], k3["comm"]["cpu_ms"]
+    out["variants"]["horovod_keras2"]["wait_ms"] = k2["horovod_keras2"]["wait_ms"]
     return out
 
 
@@ -259,6 +280,8 @@ def plot(results: dict, path: Path) -> None:
         ax.fill_between(rates, best, worst, color="0.88", label="between the bounds (Keras 3 t_local, t_comm)")
         ax.plot(rates, best, "k--", lw=1, label="perfect overlap max(t_local, t_comm)")
         ax.plot(rates, worst, "k:", lw=1, label="no overlap t_local + t_comm")
+        ax.plot(rates, [x["variants"]["hvdkeras"]["reachable_bound_ms"] for x in rows], "k-.", lw=1,
+                label="reachable: max(t_forward + t_comm, t_local, CPU floor)")
         for i, v in enumerate((*KERAS3_VARIANTS, "horovod_keras2")):
             med = [x["variants"][v]["step_ms"] for x in rows]
             lo = [m - x["variants"][v]["spread_ms"][0] for m, x in zip(med, rows)]
@@ -350,9 +373,13 @@ def main(argv=None) -> int:
                     print(f"[{rate_name}, {threads_label(inter_op)}] {model}: t_local {s['t_local_ms']:.0f} ms "
                           f"(forward {s['t_forward_ms']:.0f}), t_comm {s['t_comm_ms']:.0f} ms "
                           f"(fp16 {s['t_comm_fp16_ms']:.0f}), link allreduce {checked['allreduce_mbit_s']:.0f} "
-                          f"Mbit/s, CPU per step local {s['cpu_local_ms']:.0f} ms, comm {s['cpu_comm_ms']:.0f} ms; "
+                          f"Mbit/s, CPU per step local {s['cpu_local_ms']:.0f} ms (waiting for a core "
+                          f"{s['wait_local_ms']:.0f}), comm {s['cpu_comm_ms']:.0f} ms; "
                           + ", ".join(f"{v} {d['step_ms']:.0f} ms (overlap {d['overlap']:.2f}, after forward "
-                                      f"{d['overlap_after_forward']:.2f}, eff {d['scaling_efficiency']:.2f})"
+                                      f"{d['overlap_after_forward']:.2f}, reachable {d['reachable_bound_ms']:.0f} ms "
+                                      f"{d['vs_reachable_bound']:+.0%}, CPU {d['cpu_ms']:.0f} ms, waiting for a core "
+                                      f"{d['wait_ms']:.0f} ms, "
+                                      f"eff {d['scaling_efficiency']:.2f})"
                                       for v, d in s["variants"].items()),
                           flush=True)
             results["links"][rate_name] = link

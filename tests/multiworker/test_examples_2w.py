@@ -77,6 +77,12 @@ def test_network_benchmark_smoke(tmp_path):
                                         "horovod_keras2"}
         assert mlp["grad_bytes"] > 3_000_000 and mlp["t_local_ms"] > 0 and mlp["t_comm_ms"] > 0
         assert mlp["variants"]["hvdkeras"]["after_forward_bound_ms"] >= mlp["t_comm_ms"]
+        # The CPU floor: the local step's and the allreduce's CPU per worker, both measured; the threads'
+        # waiting for a core is read from the kernel.
+        assert mlp["cpu_floor_ms"] == mlp["cpu_local_ms"] + mlp["cpu_comm_ms"] > 0
+        hvdkeras = mlp["variants"]["hvdkeras"]
+        assert hvdkeras["reachable_bound_ms"] == max(hvdkeras["after_forward_bound_ms"], mlp["cpu_floor_ms"])
+        assert hvdkeras["cpu_ms"] > 0 and hvdkeras["wait_ms"] >= 0
 
 
 def test_step_timeline_smoke(tmp_path):

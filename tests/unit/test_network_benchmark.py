@@ -1,6 +1,7 @@
 """The network benchmark's own arithmetic and its refusal to report a link that is not what it asked for."""
 
 import importlib.util
+import sys
 from pathlib import Path
 
 import pytest
@@ -56,6 +57,32 @@ def test_overlap_after_the_forward_pass_is_measured_against_that_bound():
     assert d["after_forward_bound_ms"] == 100.0 and d["overlap_after_forward"] == pytest.approx(d["overlap"])
 
 
+def test_the_cpu_floor_bounds_the_step_where_compute_fills_the_cores():
+    # Each worker's compute takes its core for 48 ms and the allreduce's own work 16 ms more: no overlap can
+    # make the step shorter than 64 ms, although the after-forward bound is 56 ms.
+    d = nb.derive(t_step=72.0, t_local=48.0, t_comm=42.0, t_forward=14.0, cpu_floor=64.0)
+    assert d["after_forward_bound_ms"] == 56.0 and d["reachable_bound_ms"] == 64.0
+    assert d["vs_reachable_bound"] == pytest.approx(72 / 64 - 1)
+    assert d["vs_after_forward_bound"] == pytest.approx(72 / 56 - 1)
+    # Where the cores have room (a floor under the after-forward bound), the after-forward bound is the one.
+    d = nb.derive(t_step=140.0, t_local=100.0, t_comm=100.0, t_forward=20.0, cpu_floor=90.0)
+    assert d["reachable_bound_ms"] == 120.0 and d["vs_reachable_bound"] == pytest.approx(d["vs_after_forward_bound"])
+
+
+def test_summarize_takes_the_cpu_floor_from_the_local_step_and_the_allreduce():
+    def t(ms, cpu):
+        return {"median_ms": ms, "min_ms": ms, "max_ms": ms, "rounds_ms": [ms], "cpu_ms": cpu, "wait_ms": 1.0}
+
+    k3 = {"local": t(48, 47), "comm": t(42, 16), "comm_fp16": t(34, 25), "link": t(40, 15), "forward": t(14, 13),
+          **{v: t(72, 60) for v in nb.KERAS3_VARIANTS}}
+    k2 = {"local": t(50, 45), "horovod_keras2": t(75, 61)}
+    s = nb.summarize(k3, k2, 3_000_000)
+    assert (s["cpu_local_ms"], s["cpu_comm_ms"], s["cpu_floor_ms"]) == (47, 16, 63)
+    assert s["variants"]["hvdkeras"]["reachable_bound_ms"] == 63
+    assert s["variants"]["hvdkeras_fp16"]["reachable_bound_ms"] == 47 + 25  # its own allreduce's CPU
+    assert s["variants"]["horovod_keras2"]["reachable_bound_ms"] == 45 + 16  # against tf-keras's own step
+
+
 @pytest.mark.parametrize("value", ["", "one", "1,1", "-1"])
 def test_a_bad_inter_op_setting_says_what_was_received(value, capsys):
     with pytest.raises(SystemExit):
@@ -65,12 +92,25 @@ def test_a_bad_inter_op_setting_says_what_was_received(value, capsys):
 
 
 def test_rounds_take_the_slower_rank_then_the_median():
-    ranks = [{"models": {"m": {"rounds_s": {"v": [0.10, 0.30, 0.20]}, "cpu_rounds_s": {"v": [0.1, 0.2, 0.3]}}}},
-             {"models": {"m": {"rounds_s": {"v": [0.12, 0.25, 0.21]}, "cpu_rounds_s": {"v": [0.3, 0.2, 0.1]}}}}]
+    ranks = [{"models": {"m": {"rounds_s": {"v": [0.10, 0.30, 0.20]}, "cpu_rounds_s": {"v": [0.1, 0.2, 0.3]},
+                               "wait_rounds_s": {"v": [0.01, 0.02, 0.05]}}}},
+             {"models": {"m": {"rounds_s": {"v": [0.12, 0.25, 0.21]}, "cpu_rounds_s": {"v": [0.3, 0.2, 0.1]},
+                               "wait_rounds_s": {"v": [0.03, 0.00, 0.01]}}}}]
     out = nb.combine(ranks, "m")["v"]
     assert out["rounds_ms"] == pytest.approx([120, 300, 210])
     assert out["median_ms"] == pytest.approx(210) and out["min_ms"] == pytest.approx(120)
     assert out["cpu_ms"] == pytest.approx(200)  # the ranks' mean per round, then the median
+    assert out["wait_ms"] == pytest.approx(20)  # means 20, 10, 30 ms
+
+
+def test_a_worker_reads_its_threads_waiting_for_a_core():
+    sys.path.insert(0, str(PATH.parent))  # net_worker imports TensorFlow and benchmarks/peer_loops.py
+    import net_worker
+
+    cpu, waited = net_worker.usage()
+    assert cpu > 0 and waited >= 0
+    marks = [(1.0, 0.5), (1.5, 0.6), (2.0, 0.9)]
+    assert net_worker.per_step(marks, 2) == (pytest.approx(0.5), pytest.approx(0.2))
 
 
 def test_a_bad_rate_on_the_command_line_is_a_usage_error(capsys):
