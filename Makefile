@@ -49,7 +49,7 @@ bench: install
 	$(PY) benchmarks/run_benchmarks.py
 
 # Two test hosts over a shaped link (needs root, ip and tc); writes docs/network_benchmark.{json,png}, then
-# one step at 1 Gbit/s and at 200 Mbit/s, bucket by bucket, to docs/step_timeline.{json,png}.
+# one step at 500 and at 200 Mbit/s, bucket by bucket, to docs/step_timeline.{json,png}.
 netbench: install lab
 	$(PY) benchmarks/network_benchmark.py $(NETBENCH_ARGS)
 	$(PY) benchmarks/step_timeline.py --out docs

@@ -1,6 +1,6 @@
 """Training over a network: two test hosts joined by a shaped link, one worker on each, 1 thread each.
 
-    .venv/bin/python benchmarks/network_benchmark.py [--rates 1gbit,200mbit,50mbit] [--delay-ms 0]
+    .venv/bin/python benchmarks/network_benchmark.py [--rates 500mbit,200mbit,50mbit] [--delay-ms 0]
                                                      [--models conv,mlp] [--inter-op 1,0] [--out docs]
                                                                                               (`make netbench`)
 
@@ -304,7 +304,7 @@ def plot(results: dict, path: Path) -> None:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--rates", default="1gbit,200mbit,50mbit",
+    parser.add_argument("--rates", default="500mbit,200mbit,50mbit",
                         help="comma-separated link rates as tc writes them (default: %(default)s)")
     parser.add_argument("--delay-ms", type=float, default=0.0,
                         help="one-way delay added to the link (needs tc netem; default: none)")

@@ -1,6 +1,6 @@
 """Where one training step's time goes over a network: every bucket of one step, on one clock.
 
-    .venv/bin/python benchmarks/step_timeline.py [--rates 1gbit,200mbit] [--inter-op 1,0] [--env NAME=VALUE]
+    .venv/bin/python benchmarks/step_timeline.py [--rates 500mbit,200mbit] [--inter-op 1,0] [--env NAME=VALUE]
                                                  [--out docs]
 
 Needs root: two test hosts joined by a shaped link (as `make netbench`), one worker on each
@@ -218,7 +218,7 @@ def plot(runs: list[dict], path: Path) -> None:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--rates", default="1gbit,200mbit", help="link rates, comma-separated, as tc writes them")
+    parser.add_argument("--rates", default="500mbit,200mbit", help="link rates, comma-separated, as tc writes them")
     parser.add_argument("--steps", type=int, default=12)
     parser.add_argument("--inter-op", default="1,0",
                         help="inter-op thread settings to run, comma-separated; 0: TensorFlow's default")
