@@ -11,8 +11,8 @@ import numpy as np
 import tensorflow as tf
 
 from hvdkeras import _collectives as C
+from hvdkeras import _threads, launching, patches, rendezvous, sync_batch_norm
 from hvdkeras import compression as _compression
-from hvdkeras import launching, patches, rendezvous, sync_batch_norm
 from hvdkeras._checks import env_bool
 
 log = logging.getLogger("hvdkeras")
@@ -52,25 +52,34 @@ def pin_gpu(local_rank: int, config: Any = None) -> Any:
 MULTI_HOST_CYCLE_TIME_MS = "5"
 
 
+def _spans_hosts(environ: Any) -> bool:
+    try:
+        # Horovod's own variable: whatever else it holds, Horovod itself reports it.
+        return int(environ.get("HOROVOD_CROSS_SIZE", "1")) > 1
+    except ValueError:
+        return False
+
+
 def horovod_defaults(environ: Any) -> dict[str, str]:
     """The Horovod settings hvdkeras adds before Horovod starts: HOROVOD_CYCLE_TIME=5 (ms) when the job spans
     hosts (HOROVOD_CROSS_SIZE > 1) and it is unset. Anything the user or horovodrun set stays."""
-    try:
-        # Horovod's own variable: whatever else it holds, Horovod itself reports it.
-        cross = int(environ.get("HOROVOD_CROSS_SIZE", "1"))
-    except ValueError:
-        cross = 1
-    if cross > 1 and not environ.get("HOROVOD_CYCLE_TIME", "").strip():
+    if _spans_hosts(environ) and not environ.get("HOROVOD_CYCLE_TIME", "").strip():
         return {"HOROVOD_CYCLE_TIME": MULTI_HOST_CYCLE_TIME_MS}
     return {}
 
 
 def _start_horovod(comm: Any, process_sets: Any) -> None:
+    nice = _threads.horovod_nice(os.environ, _spans_hosts(os.environ))  # a bad value fails before the start
     defaults = horovod_defaults(os.environ)
     if defaults:
         log.info("hvdkeras: the job spans hosts: %s", defaults)
         os.environ.update(defaults)
-    C.init(comm=comm, process_sets=process_sets)
+    _threads.start_prioritized(lambda: C.init(comm=comm, process_sets=process_sets), nice)
+
+
+def restart_horovod() -> None:
+    """Shuts Horovod down and starts it again (an elastic reset), its threads' priority set as at init."""
+    _threads.start_prioritized(C.reinit, _threads.horovod_nice(os.environ, _spans_hosts(os.environ)))
 
 
 def init(comm: Any = None, process_sets: Any = None, pin_gpus: bool = True) -> None:

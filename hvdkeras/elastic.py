@@ -212,7 +212,7 @@ def run(func: Callable[..., Any]) -> Callable[..., Any]:
                 raise HorovodInternalError(err) from err
             raise
 
-    return C.elastic_run(wrapper, C.reinit)
+    return C.elastic_run(wrapper, basics.restart_horovod)
 
 
 __all__ = [

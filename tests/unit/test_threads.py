@@ -1,0 +1,119 @@
+"""The priority of the threads Horovod starts (hvdkeras._threads), with a stand-in for Horovod's start."""
+
+import logging
+import os
+import threading
+
+import pytest
+
+from hvdkeras import _threads
+
+GLOO = {"HOROVOD_GLOO_RENDEZVOUS_ADDR": "10.0.0.1"}  # as hvdkeras's rendezvous and horovodrun --gloo set it
+
+
+@pytest.mark.parametrize("environ, spans_hosts, expected", [
+    (GLOO, True, -15),                                  # across hosts over Gloo: Horovod's threads first
+    ({"HOROVOD_CONTROLLER": "gloo"}, True, -15),
+    (GLOO, False, None),                                # one host: as Horovod starts them
+    ({}, True, None),                                   # an MPI controller: not measured, left alone
+    ({"HVDKERAS_HOROVOD_NICE": "5"}, False, 5),         # the user's value, on any job
+    ({"HVDKERAS_HOROVOD_NICE": " -20 "}, True, -20),
+    ({**GLOO, "HVDKERAS_HOROVOD_NICE": "none"}, True, None),  # leave them alone
+    ({**GLOO, "HVDKERAS_HOROVOD_NICE": "None"}, True, None),
+    ({**GLOO, "HVDKERAS_HOROVOD_NICE": ""}, True, -15),
+])
+def test_the_nice_value_comes_from_the_variable_or_the_job(environ, spans_hosts, expected):
+    assert _threads.horovod_nice(environ, spans_hosts) == expected
+
+
+@pytest.mark.parametrize("raw", ["high", "1.5", "-21", "20"])
+def test_a_bad_nice_value_says_what_was_received(raw):
+    with pytest.raises(ValueError, match=rf"integer from -20 to 19, or `none`.*Received: "
+                                         rf"HVDKERAS_HOROVOD_NICE='{raw}'"):
+        _threads.horovod_nice({"HVDKERAS_HOROVOD_NICE": raw}, True)
+
+
+class Started:
+    """A stand-in for Horovod's start: starts one thread that waits until it is told to end."""
+
+    def __init__(self):
+        self.done = threading.Event()
+        self.ready = threading.Event()
+        self.tid = None
+
+    def __call__(self):
+        def run():
+            self.tid = threading.get_native_id()
+            self.ready.set()
+            self.done.wait(30)
+
+        threading.Thread(target=run, daemon=True).start()
+        self.ready.wait(30)
+
+
+def nice_of(tid):
+    return os.getpriority(os.PRIO_PROCESS, tid)
+
+
+def test_only_the_threads_the_start_began_are_reniced():
+    start = Started()
+    mine = nice_of(threading.get_native_id())
+    try:
+        # A lower priority needs no privilege, so this runs anywhere; the two-host test checks -15.
+        reniced = _threads.start_prioritized(start, min(mine + 5, 19))
+        assert reniced == [start.tid] == _threads.prioritized
+        assert nice_of(start.tid) == min(mine + 5, 19)
+        assert nice_of(threading.get_native_id()) == mine  # the caller's thread keeps its priority
+    finally:
+        start.done.set()
+
+
+def test_none_leaves_every_thread_as_it_started():
+    start = Started()
+    try:
+        assert _threads.start_prioritized(start, None) == [] == _threads.prioritized
+        assert nice_of(start.tid) == nice_of(threading.get_native_id())
+    finally:
+        start.done.set()
+
+
+def test_without_the_privilege_the_threads_keep_their_priority_and_it_is_said(monkeypatch, caplog):
+    def refuse(which, who, prio):
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(os, "setpriority", refuse)
+    start = Started()
+    try:
+        with caplog.at_level(logging.INFO, logger="hvdkeras"):
+            assert _threads.start_prioritized(start, -15) == []
+        assert "Horovod's threads keep their priority: nice -15 needs CAP_SYS_NICE" in caplog.text
+    finally:
+        start.done.set()
+
+
+def test_starting_horovod_across_hosts_renices_what_it_started(monkeypatch):
+    from hvdkeras import _collectives as C
+    from hvdkeras import basics
+
+    start = Started()
+    monkeypatch.setattr(C, "init", lambda comm=None, process_sets=None: start())
+    monkeypatch.setenv("HOROVOD_CROSS_SIZE", "2")
+    mine = nice_of(threading.get_native_id())
+    monkeypatch.setenv("HVDKERAS_HOROVOD_NICE", str(min(mine + 3, 19)))
+    try:
+        basics._start_horovod(None, None)
+        assert _threads.prioritized == [start.tid] and nice_of(start.tid) == min(mine + 3, 19)
+    finally:
+        start.done.set()
+
+
+def test_a_bad_nice_value_fails_before_horovod_starts(monkeypatch):
+    from hvdkeras import _collectives as C
+    from hvdkeras import basics
+
+    calls = []
+    monkeypatch.setattr(C, "init", lambda comm=None, process_sets=None: calls.append(1))
+    monkeypatch.setenv("HVDKERAS_HOROVOD_NICE", "urgent")
+    with pytest.raises(ValueError, match="Received: HVDKERAS_HOROVOD_NICE='urgent'"):
+        basics._start_horovod(None, None)
+    assert calls == []
