@@ -46,6 +46,10 @@ def test_ssh_less_run_on_each_host_forms_one_job(hosts, tmp_path, kind):
         assert [reports[r]["cross_size"] for r in (0, 1)] == [2, 2]
         # Across hosts hvdkeras sets Horovod's cycle time to 5 ms (unless set).
         assert [reports[r]["horovod_cycle_time"] for r in (0, 1)] == ["5", "5"]
+        # ... and gives the threads Horovod started (its background thread, Gloo's) nice -15; root may.
+        for r in (0, 1):
+            assert reports[r]["horovod_threads_nice"] and set(reports[r]["horovod_threads_nice"]) == {-15}, reports[r]
+            assert reports[r]["main_thread_nice"] == 0
     assert hosts.processes() == {"hosta": [], "hostb": []}
 
 

@@ -20,6 +20,7 @@ from _digits import cnn, load  # noqa: E402
 from common import weights_digest  # noqa: E402
 
 import hvdkeras as hvd  # noqa: E402
+from hvdkeras import _threads  # noqa: E402
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--epochs", type=int, default=1)
@@ -52,4 +53,7 @@ os.makedirs(args.report_dir, exist_ok=True)
 with open(os.path.join(args.report_dir, f"rank{hvd.rank()}.json"), "w") as f:
     json.dump({"rank": hvd.rank(), "size": hvd.size(), "local_rank": hvd.local_rank(), "cross_size": hvd.cross_size(),
                "horovod_cycle_time": os.environ.get("HOROVOD_CYCLE_TIME"),
+               # The priority of the threads Horovod started, and of this (the training) thread.
+               "horovod_threads_nice": [os.getpriority(os.PRIO_PROCESS, t) for t in _threads.prioritized],
+               "main_thread_nice": os.getpriority(os.PRIO_PROCESS, 0),
                "fit_steps": [CountSteps.steps], "weights_sha256": weights_digest(model.get_weights())}, f)
