@@ -7,7 +7,7 @@ thread: on the two-host lab (docs/network.md) their cycles stalled for 25-36 ms 
 the job spans hosts over Gloo, hvdkeras gives the threads Horovod starts a higher priority (nice -15) where
 the process may (root with CAP_SYS_NICE, or an RLIMIT_NICE that allows it); `HVDKERAS_HOROVOD_NICE` sets
 another value for any job, or `none` leaves them as Horovod starts them. Measured there, in 13 alternating
-pairs of runs: the step was shorter with the priority in 12, by a median of 7 ms (5-8%).
+pairs of runs: the step was shorter with the priority in 12, by a median of 7 ms (4-8% of a step).
 """
 
 from __future__ import annotations
