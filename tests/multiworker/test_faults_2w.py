@@ -83,10 +83,13 @@ def test_stalled_worker_fails_the_job_in_bounded_time(faults):
 
 @pytest.mark.parametrize("mode, variable", [("mismatch-units", "kernel"), ("mismatch-layer", "kernel")])
 def test_mismatched_models_fail_fast_on_every_rank(faults, mode, variable):
-    _, jobs = faults
+    root, jobs = faults
     job = jobs[mode]
     assert job.returncode != 0
-    assert job.ended - job.started <= 120, f"took {job.ended - job.started:.1f} s, started with 6 other jobs"
+    # Found before Horovod's stall watchdog could end the job (60 s by default): measured from the instant the
+    # later rank had built its model, since the seven launches share the machine's cores for their imports.
+    built = max(float((root / mode / f"model.rank{r}").read_text()) for r in (0, 1))
+    assert job.ended - built <= 50, f"took {job.ended - built:.1f} s after both models were built"
     for rank in (0, 1):
         lines = [line for line in job.output.splitlines()
                  if line.startswith(f"[{rank}]<stderr>:") and "built different models" in line]

@@ -44,6 +44,17 @@ class CountSteps(keras.callbacks.Callback):
         CountSteps.steps += 1
 
 
+def live_nice(tids):
+    """The nice values of those of `tids` that still run (a thread of Horovod's start may have ended)."""
+    found = []
+    for tid in tids:
+        try:
+            found.append(os.getpriority(os.PRIO_PROCESS, tid))
+        except ProcessLookupError:
+            pass
+    return found
+
+
 os.makedirs(args.out_dir, exist_ok=True)
 model.fit(train, epochs=args.epochs, verbose=2 if hvd.rank() == 0 else 0,
           callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0), hvd.callbacks.MetricAverageCallback(),
@@ -53,7 +64,7 @@ os.makedirs(args.report_dir, exist_ok=True)
 with open(os.path.join(args.report_dir, f"rank{hvd.rank()}.json"), "w") as f:
     json.dump({"rank": hvd.rank(), "size": hvd.size(), "local_rank": hvd.local_rank(), "cross_size": hvd.cross_size(),
                "horovod_cycle_time": os.environ.get("HOROVOD_CYCLE_TIME"),
-               # The priority of the threads Horovod started, and of this (the training) thread.
-               "horovod_threads_nice": [os.getpriority(os.PRIO_PROCESS, t) for t in _threads.prioritized],
+               # The priority of the threads Horovod started that still run, and of this (the training) thread.
+               "horovod_threads_nice": live_nice(_threads.prioritized),
                "main_thread_nice": os.getpriority(os.PRIO_PROCESS, 0),
                "fit_steps": [CountSteps.steps], "weights_sha256": weights_digest(model.get_weights())}, f)
