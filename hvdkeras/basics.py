@@ -88,7 +88,9 @@ def init(comm: Any = None, process_sets: Any = None, pin_gpus: bool = True) -> N
     Where horovodrun did not set Horovod up, the job is formed from the launcher's environment (Slurm's
     srun, OpenMPI's mpirun, MPICH / Intel MPI, torchrun / Kubernetes RANK and WORLD_SIZE; see
     `hvdkeras.launching`): rank 0 hosts Horovod's rendezvous and the others find it. A launcher that
-    started N > 1 processes never yields N jobs of size 1: `init` raises instead.
+    started N > 1 processes never yields N jobs of size 1: `init` raises instead. When the job spans hosts,
+    Horovod's cycle time is 5 ms (unless set), and over Gloo the threads Horovod starts run at nice -15 where
+    the process may (`HVDKERAS_HOROVOD_NICE` sets another value, or `none`; see docs/network.md).
 
     Args:
         comm: an mpi4py communicator or list of ranks, for an MPI build of Horovod (as in Horovod).
@@ -96,7 +98,8 @@ def init(comm: Any = None, process_sets: Any = None, pin_gpus: bool = True) -> N
         pin_gpus: make only the GPU `local_rank() % num_gpus` visible to TensorFlow (when GPUs exist).
 
     Raises:
-        ValueError: the launcher's variables are malformed or inconsistent (named in the message).
+        ValueError: the launcher's variables, or HVDKERAS_HOROVOD_NICE, are malformed or inconsistent (named in
+            the message).
         RuntimeError: the job cannot be formed (unreachable rendezvous, missing ranks, another job on the
             port, ranks disagreeing on the size, or Horovod already initialized with another size).
 
