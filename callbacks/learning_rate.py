@@ -10,7 +10,7 @@ import keras
 from hvdkeras import _collectives as C
 from hvdkeras import rank_zero
 from hvdkeras._checks import check_int
-from hvdkeras.learning_rate import check_learning_rate
+from hvdkeras.learning_rate import as_float, check_learning_rate
 from hvdkeras.optimizer import unwrap
 
 from ._base import HvdCallback
@@ -82,7 +82,7 @@ class LearningRateScheduleCallback(HvdCallback):
         return epoch >= self.start_epoch and (self.end_epoch is None or epoch < self.end_epoch)
 
     def _current_lr(self) -> float:
-        return float(keras.ops.convert_to_numpy(self.model.optimizer.learning_rate))
+        return as_float(self.model.optimizer.learning_rate)
 
     def _set_lr(self, lr: float) -> None:
         optimizer = self.model.optimizer

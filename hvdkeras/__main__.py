@@ -19,7 +19,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         from hvdkeras import cli
 
         return cli.main(argv)
-    from hvdkeras.cli import add_wrap_options
+    from hvdkeras.cli import WRAP_FLAGS, add_wrap_options
 
     parser = argparse.ArgumentParser(
         prog="python -m hvdkeras",
@@ -38,9 +38,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from hvdkeras import wrap
 
     try:
-        given = {name: getattr(ns, name) for name in ("lr_scaling", "warmup_epochs", "fp16_allreduce",
-                                                      "backward_passes_per_step", "no_shard", "report_dir")
-                 if getattr(ns, name) is not None}
+        given = {name: getattr(ns, name) for name in WRAP_FLAGS if getattr(ns, name) is not None}
         options = wrap.Options(**{**wrap.options_from_env(), **given})
     except (TypeError, ValueError) as err:
         print(f"python -m hvdkeras: error: {err}", file=sys.stderr)

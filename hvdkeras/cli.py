@@ -39,8 +39,13 @@ def add_wrap_options(parser: argparse.ArgumentParser) -> None:
     Defaults are None so that HVDKERAS_* environment variables apply where a flag is not given.
     """
     group = parser.add_argument_group("training options (also as HVDKERAS_<NAME> environment variables)")
+    group.add_argument("--batch", choices=["global", "per-worker"], default=None,
+                       help="global (the default, Keras's convention): each of the script's batches is split over "
+                            "the workers and the learning rate is left as it is; per-worker: each worker trains "
+                            "on whole batches (N times the global batch) and the rate is scaled")
     group.add_argument("--lr-scaling", choices=["linear", "sqrt", "none"], default=None,
-                       help="scale the script's learning rate with the number of workers (default: linear)")
+                       help="scale the script's learning rate with the number of workers (default: linear with "
+                            "--batch per-worker, none with --batch global)")
     group.add_argument("--warmup-epochs", type=float, default=None,
                        help="warm the scaled learning rate up over this many epochs (default: 1; 0 turns it off)")
     group.add_argument("--fp16-allreduce", action="store_const", const=True, default=None,
@@ -53,13 +58,14 @@ def add_wrap_options(parser: argparse.ArgumentParser) -> None:
                        help="each worker writes a JSON summary (steps per fit, weights digest) here")
 
 
-_WRAP_FLAGS = ("lr_scaling", "warmup_epochs", "fp16_allreduce", "backward_passes_per_step", "no_shard", "report_dir")
+WRAP_FLAGS = ("batch", "lr_scaling", "warmup_epochs", "fp16_allreduce", "backward_passes_per_step", "no_shard",
+              "report_dir")
 
 
 def wrap_flags(ns: argparse.Namespace) -> list[str]:
     """The training options that were given, as command-line flags again (to forward to each worker)."""
     out: list[str] = []
-    for name in _WRAP_FLAGS:
+    for name in WRAP_FLAGS:
         value = getattr(ns, name, None)
         if value is None:
             continue

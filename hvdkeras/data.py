@@ -331,3 +331,128 @@ def shard_py_dataset(dataset: Any, *, num_shards: int | None = None, index: int 
             dataset.on_epoch_end()
 
     return PyDatasetShard()
+
+
+# ------------------------------------------------------------------------------ the global batch convention
+def batch_slice(rows: Any, num_shards: int, index: int) -> tuple[Any, Any]:
+    """Where this worker's part of a global batch of `rows` rows starts, and how many rows it has.
+
+    As tf.distribute splits a global batch over its replicas: every worker gets `rows // num_shards` rows and
+    the first `rows % num_shards` workers one more (33 rows over 2 workers: 17 and 16). A batch with fewer
+    rows than workers (the last, partial batch of an epoch) goes whole to every worker: each computes the
+    gradient of the whole batch, and their average is that gradient, so no worker trains on an empty batch.
+    Works on Python ints and on scalar tensors alike.
+    """
+    if isinstance(rows, (int, np.integer)):
+        if rows < num_shards:
+            return 0, int(rows)
+        base, extra = divmod(int(rows), num_shards)
+        return index * base + min(index, extra), base + (1 if index < extra else 0)
+    rows = tf.cast(rows, tf.int64)
+    base, extra = rows // num_shards, rows % num_shards
+    whole = rows < num_shards
+    start = tf.where(whole, tf.constant(0, tf.int64), index * base + tf.minimum(tf.constant(index, tf.int64), extra))
+    size = tf.where(whole, rows, base + tf.cast(index < extra, tf.int64))
+    return start, size
+
+
+def _rows(leaf: Any) -> Any:
+    """The batch dimension of one leaf, or None for a scalar (a leaf that is not split)."""
+    if isinstance(leaf, tf.SparseTensor):
+        return leaf.dense_shape[0]
+    if isinstance(leaf, tf.RaggedTensor):
+        return leaf.nrows()
+    if tf.is_tensor(leaf):
+        return None if leaf.shape.rank == 0 else tf.shape(leaf, out_type=tf.int64)[0]
+    return None if np.ndim(leaf) == 0 else len(leaf)
+
+
+def _cut(leaf: Any, start: Any, size: Any) -> Any:
+    if _rows(leaf) is None:
+        return leaf
+    if isinstance(leaf, tf.SparseTensor):
+        begin = tf.concat([[start], tf.zeros([leaf.shape.rank - 1], tf.int64)], 0)
+        return tf.sparse.slice(leaf, begin, tf.concat([[size], leaf.dense_shape[1:]], 0))
+    return leaf[start:start + size]
+
+
+def split_batch(batch: Any, *, num_shards: int | None = None, index: int | None = None) -> Any:
+    """This worker's rows of one global batch (a nested structure of arrays or tensors), see `batch_slice`."""
+    import keras
+
+    num_shards, index = _shard_position(num_shards, index)
+    rows = [r for r in (_rows(leaf) for leaf in keras.tree.flatten(batch) if leaf is not None) if r is not None]
+    if not rows:
+        raise ValueError(f"A batch must hold at least one array with a batch dimension. Received: {batch!r}")
+    start, size = batch_slice(rows[0], num_shards, index)
+    return keras.tree.map_structure(lambda leaf: _cut(leaf, start, size), batch)
+
+
+def split_batches(
+    data: Any, *, num_shards: int | None = None, index: int | None = None
+) -> Any:
+    """Keras's batch convention across workers: every batch of `data` is a global batch, of which this worker
+    takes its rows (see `batch_slice`).
+
+    Every worker reads all of `data` (as tf.distribute's DATA auto-shard policy does) and keeps its part of
+    each batch, so all workers take the same number of steps, which is the single process's, and together
+    they train on exactly its batches. Infinite datasets and generators work too.
+
+    Args:
+        data: a batched `tf.data.Dataset`, a `keras.utils.PyDataset`, or a Python generator / iterator of
+            batches.
+        num_shards: number of workers; defaults to `hvdkeras.size()`.
+        index: this worker; defaults to `hvdkeras.rank()`.
+
+    Returns:
+        The same kind of input, yielding this worker's part of every batch.
+
+    Raises:
+        TypeError: another kind of input.
+
+    Example:
+        >>> model.fit(hvdkeras.data.split_batches(dataset.batch(64)))  # 32 rows per worker on 2 workers
+    """
+    import keras
+
+    num_shards, index = _shard_position(num_shards, index)
+    if isinstance(data, tf.data.Dataset):
+        def mine(*batch):
+            return split_batch(batch if len(batch) > 1 else batch[0], num_shards=num_shards, index=index)
+
+        return data.map(mine, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+    if isinstance(data, keras.utils.PyDataset):
+        return _split_py_dataset(data, num_shards, index)
+    if hasattr(data, "__next__"):
+        return (split_batch(batch, num_shards=num_shards, index=index) for batch in data)
+    raise TypeError("split_batches() takes a batched tf.data.Dataset, a keras.utils.PyDataset or a generator of "
+                    f"batches. Received: data of type {type(data).__name__}")
+
+
+def _split_py_dataset(dataset: Any, num_shards: int, index: int) -> Any:
+    import keras
+
+    class PyDatasetSplit(keras.utils.PyDataset):
+        """Batch i is this worker's part of batch i of the global PyDataset."""
+
+        def __init__(self):
+            super().__init__(workers=dataset.workers, use_multiprocessing=dataset.use_multiprocessing,
+                             max_queue_size=dataset.max_queue_size)
+
+        @property
+        def num_batches(self):
+            return dataset.num_batches
+
+        def __len__(self):
+            return len(dataset)
+
+        def __getitem__(self, i):
+            return split_batch(dataset[i], num_shards=num_shards, index=index)
+
+        def on_epoch_begin(self):
+            dataset.on_epoch_begin()
+
+        def on_epoch_end(self):
+            dataset.on_epoch_end()
+
+    return PyDatasetSplit()

@@ -28,7 +28,7 @@ import tensorflow as tf
 from hvdkeras import _collectives as C
 from hvdkeras import basics
 from hvdkeras._checks import check_int
-from hvdkeras.learning_rate import scale_factor
+from hvdkeras.learning_rate import as_float, scale_factor
 from hvdkeras.optimizer import unwrap
 
 ObjectState, HorovodInternalError, HostsUpdatedInterrupt = C.elastic_types()
@@ -115,7 +115,7 @@ class KerasState(TensorFlowKerasState):
         self._base_lr = None
         base = unwrap(self.optimizer) if self.optimizer is not None else None
         if base is not None and isinstance(base._learning_rate, keras.Variable):
-            self._base_lr = float(base.learning_rate.numpy()) / scale_factor(lr_scaling)
+            self._base_lr = as_float(base.learning_rate) / scale_factor(lr_scaling)
 
     def reset(self) -> None:
         """After workers left or joined: rescale the learning rate for the new world size."""

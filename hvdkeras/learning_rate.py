@@ -13,6 +13,26 @@ from hvdkeras._checks import check_int
 RULES = ("linear", "sqrt", "none")
 
 
+def as_float(value: Any) -> float:
+    """A learning rate's current value as a Python float: a number, a tensor, a `keras.Variable`, or the
+    distributed variable a `tf.distribute` strategy's scope makes (which `float()` refuses).
+
+    Raises:
+        TypeError: a value that holds no single number.
+    """
+    if isinstance(value, bool):
+        raise TypeError(f"a learning rate must be a number, not a bool. Received: {value!r}")
+    if isinstance(value, (int, float)):
+        return float(value)
+    try:
+        array = keras.ops.convert_to_numpy(value)
+    except (TypeError, ValueError) as err:
+        raise TypeError(f"a learning rate must be a number. Received: {value!r} ({err})") from None
+    if getattr(array, "size", 0) != 1 or array.dtype.kind not in "iuf":
+        raise TypeError(f"a learning rate must be a single number. Received: {value!r}")
+    return float(array.reshape(()))
+
+
 def check_learning_rate(name: str, value: Any) -> float:
     """Validates a learning-rate-like number: finite and >= 0.
 
@@ -20,9 +40,10 @@ def check_learning_rate(name: str, value: Any) -> float:
         TypeError: not a number.
         ValueError: negative, NaN or infinite.
     """
-    if isinstance(value, bool) or not isinstance(value, (int, float)) and not hasattr(value, "__float__"):
-        raise TypeError(f"`{name}` must be a number. Received: {name}={value!r}")
-    number = float(value)
+    try:
+        number = as_float(value)
+    except TypeError:
+        raise TypeError(f"`{name}` must be a number. Received: {name}={value!r}") from None
     if not math.isfinite(number) or number < 0:
         raise ValueError(f"`{name}` must be a finite number >= 0. Received: {name}={value!r}")
     return number

@@ -22,6 +22,8 @@ from hvdkeras import compression as _compression
 from hvdkeras import patches
 from hvdkeras._checks import check_int, env_int
 from hvdkeras.basics import check_op
+from hvdkeras.learning_rate import as_float
+from hvdkeras.strategy import check_strategy
 
 log = logging.getLogger("hvdkeras")
 
@@ -52,7 +54,7 @@ def _check_learning_rate(optimizer: Any) -> None:
     base = unwrap(optimizer)
     lr = getattr(base, "_learning_rate", None)
     if isinstance(lr, keras.Variable):
-        value = float(lr.numpy())
+        value = as_float(lr)
         if not math.isfinite(value) or value < 0:
             raise ValueError(
                 "The optimizer's learning rate must be a finite number >= 0. "
@@ -229,6 +231,7 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
         bucket_bytes: int | None = None,
     ):
         _check_inner(optimizer)
+        check_strategy()
         bucket_bytes = default_bucket_bytes() if bucket_bytes is None else check_int(
             "bucket_bytes", bucket_bytes, 0, unit="bytes",
             hint="(0: one allreduce for all gradients, after the whole backward pass)")
@@ -382,6 +385,7 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
                 "`grads` and `trainable_variables` must have the same length. "
                 f"Received: {len(grads)} gradients for {len(trainable_variables)} variables"
             )
+        check_strategy()
         if _in_xla_context():
             raise RuntimeError(
                 "Horovod's collectives cannot be compiled by XLA, and this optimizer is being traced inside "

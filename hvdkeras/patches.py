@@ -8,7 +8,12 @@ Importing hvdkeras changes nothing in Keras. The patches, by name:
   layers made with `synchronized=True` across the workers. Installed by `init()`.
 - "wrap" (`wrap.install`): `keras.Model.compile`, `compile_from_config`, `fit`, `evaluate`, `predict`,
   `save`, `save_weights` and `export` (set on the Keras classes that define them) make an unmodified
-  script data-parallel. Installed by `python -m hvdkeras` / `hvdkeras run` only.
+  script data-parallel. Installed by `python -m hvdkeras` / `hvdkeras run` only, with the two below.
+- "keras_output" (`keras_output.install`): `Model.summary`, `keras.utils.plot_model` (and tf.keras's),
+  `keras.src.utils.io_utils.print_msg` and `warnings.showwarning` stay silent on ranks other than 0 for
+  Keras's own output; a filter on the "absl" and "tensorflow" loggers drops their records below ERROR there.
+- "tf_distribute" (`strategy.install`): `tf.distribute.MultiWorkerMirroredStrategy` (and its experimental
+  name) become a MirroredStrategy over the process's own devices.
 
 `uninstall(name)` restores the attributes a patch replaced; `hvdkeras.shutdown()` undoes the one `init()`
 installed.

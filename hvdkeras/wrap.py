@@ -31,15 +31,16 @@ import tensorflow as tf
 
 from hvdkeras import _collectives as C
 from hvdkeras import callbacks as hvd_callbacks
-from hvdkeras import data, patches, rank_zero, saving, sync_batch_norm
+from hvdkeras import data, keras_output, patches, rank_zero, saving, strategy, sync_batch_norm
 from hvdkeras._checks import check_int, env_bool, env_int
 from hvdkeras.compression import Compression
-from hvdkeras.learning_rate import RULES, scale_factor, scale_learning_rate
+from hvdkeras.learning_rate import RULES, as_float, scale_factor, scale_learning_rate
 from hvdkeras.optimizer import DistributedOptimizer, held_optimizers, unwrap
 
 log = logging.getLogger("hvdkeras")
 
 ENV_PREFIX = "HVDKERAS_"
+BATCH_CONVENTIONS = ("global", "per-worker")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -47,28 +48,43 @@ class Options:
     """What `python -m hvdkeras` / `hvdkeras run` change in the script's training.
 
     Args:
-        lr_scaling: "linear", "sqrt" or "none".
+        lr_scaling: "linear", "sqrt" or "none"; None (the default) follows `batch`: "linear" for
+            "per-worker", "none" for "global".
         warmup_epochs: learning-rate warm-up epochs when the rate was scaled (0: none).
         fp16_allreduce: send gradients as float16.
         backward_passes_per_step: local gradient accumulation steps per allreduce.
         no_shard: leave the data as it is (scripts that shard themselves).
         report_dir: each worker writes a JSON summary (steps per fit, final weights digest) here.
+        batch: what a batch in the script is. "global" (Keras's convention, as in tf.distribute): each
+            batch is split over the workers and the learning rate is left as the script set it;
+            "per-worker": each worker trains on whole batches, so the global batch is N times the script's,
+            and the rate is scaled by `lr_scaling`.
     """
 
-    lr_scaling: str = "linear"
+    lr_scaling: str | None = None
     warmup_epochs: float = 1
     fp16_allreduce: bool = False
     backward_passes_per_step: int = 1
     no_shard: bool = False
     report_dir: str | None = None
+    batch: str = "global"
 
     def __post_init__(self):
-        if self.lr_scaling not in RULES:
+        if self.batch not in BATCH_CONVENTIONS:
+            raise ValueError(f"`batch` must be one of {BATCH_CONVENTIONS}. Received: batch={self.batch!r}")
+        if self.lr_scaling is not None and self.lr_scaling not in RULES:
             raise ValueError(f"`lr_scaling` must be one of {RULES}. Received: lr_scaling={self.lr_scaling!r}")
         if isinstance(self.warmup_epochs, bool) or not isinstance(self.warmup_epochs, (int, float)) \
                 or not np.isfinite(self.warmup_epochs) or self.warmup_epochs < 0:
             raise ValueError(f"`warmup_epochs` must be a number >= 0. Received: warmup_epochs={self.warmup_epochs!r}")
         check_int("backward_passes_per_step", self.backward_passes_per_step)
+
+    @property
+    def scaling_rule(self) -> str:
+        """The learning-rate rule in force: `lr_scaling` where given, else the batch convention's."""
+        if self.lr_scaling is not None:
+            return self.lr_scaling
+        return "linear" if self.batch == "per-worker" else "none"
 
 
 def options_from_env(environ: dict | None = None) -> dict:
@@ -120,6 +136,8 @@ def install(options: Options | None = None) -> None:
                     ("save_weights", _write_on_rank_zero), ("export", _export))
     patches.install("wrap", [(_owner(name), name, _bind(getattr(keras.Model, name), replacement))
                              for name, replacement in replacements])
+    keras_output.install()
+    strategy.install()
 
 
 def _owner(name: str) -> type:
@@ -144,6 +162,8 @@ def _bind(original, replacement):
 
 def uninstall() -> None:
     patches.uninstall("wrap")
+    keras_output.uninstall()
+    strategy.uninstall()
     _state["options"] = None
 
 
@@ -178,14 +198,14 @@ def _distributed(model, optimizer, scale: bool = True, loss_scale: bool = True):
     base = unwrap(optimizer)
     current = base._learning_rate
     scaled = None
-    if scale and scale_factor(opts.lr_scaling) != 1.0:
+    if scale and scale_factor(opts.scaling_rule) != 1.0:
         if isinstance(current, keras.optimizers.schedules.LearningRateSchedule):
-            base.learning_rate = scale_learning_rate(current, opts.lr_scaling)
+            base.learning_rate = scale_learning_rate(current, opts.scaling_rule)
         elif callable(current) and not isinstance(current, keras.Variable):
             _warn_once("lr-callable", "the learning rate is a callable: it is not scaled with the world size")
         else:
-            base.learning_rate = scale_learning_rate(float(base.learning_rate), opts.lr_scaling)
-            scaled = float(base.learning_rate)
+            base.learning_rate = scale_learning_rate(as_float(base.learning_rate), opts.scaling_rule)
+            scaled = as_float(base.learning_rate)
     mixed = model.dtype_policy.name == "mixed_float16" and loss_scale
     if mixed and not isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
         # What compile would do, but inside the DistributedOptimizer: the finiteness check must see
@@ -264,7 +284,8 @@ def _unshardable(value: Any, what: str) -> None:
                    "(shard it in the script and run with --no-shard)")
 
 
-def _sharded_fit_inputs(kwargs: dict) -> dict:
+def _sharded_fit_inputs(kwargs: dict, batch: str) -> dict:
+    """fit's training and validation data for this worker, under the batch convention `batch`."""
     x, y, sw = kwargs.get("x"), kwargs.get("y"), kwargs.get("sample_weight")
     validation = kwargs.get("validation_data")
     split = kwargs.get("validation_split") or 0.0
@@ -277,10 +298,37 @@ def _sharded_fit_inputs(kwargs: dict) -> dict:
         x, y, sw = keras.tree.map_structure(lambda a: None if a is None else a[:cut], (x, y, sw))
         validation = (vx, vy) if vsw is None else (vx, vy, vsw)
         kwargs["validation_split"] = 0.0
-    kwargs["x"], kwargs["y"], kwargs["sample_weight"] = _shard_for_training(x, y, sw)
+    if batch == "global":
+        kwargs.update(_split_global_batches(x, y, sw, kwargs))
+    else:
+        kwargs["x"], kwargs["y"], kwargs["sample_weight"] = _shard_for_training(x, y, sw)
     if validation is not None:
         kwargs["validation_data"] = _shard_for_evaluation(validation)
     return kwargs
+
+
+def _split_global_batches(x, y, sw, kwargs: dict) -> dict:
+    """Keras's convention: each batch fit makes of the data is a global batch, and this worker trains on its
+    rows of it (data.split_batches). Arrays become the very batches Keras would make of them in one process
+    (its own array adapter: the same shuffling, class weights and batch size), split."""
+    if _is_arrays((x, y, sw)):
+        from keras.src.trainers.data_adapters.array_data_adapter import ArrayDataAdapter
+
+        adapter = ArrayDataAdapter(x, y, sample_weight=sw, class_weight=kwargs.get("class_weight"),
+                                   shuffle=kwargs.get("shuffle", True), batch_size=kwargs.get("batch_size"),
+                                   steps=kwargs.get("steps_per_epoch"))
+        return {"x": data.split_batches(adapter.get_tf_dataset()), "y": None, "sample_weight": None,
+                "class_weight": None, "batch_size": None, "shuffle": False,
+                # Validation arrays keep the script's batch size (fit would take it from batch_size).
+                "validation_batch_size": kwargs.get("validation_batch_size") or adapter.batch_size}
+    if isinstance(x, (tf.data.Dataset, keras.utils.PyDataset)) or _is_generator(x):
+        return {"x": data.split_batches(x)}
+    _unshardable(x, "x")
+    return {"x": x, "y": y, "sample_weight": sw}
+
+
+def _is_generator(value: Any) -> bool:
+    return hasattr(value, "__next__") and not isinstance(value, (np.ndarray, tf.data.Dataset))
 
 
 def _rank_zero_callbacks(callbacks: list) -> list:
@@ -378,7 +426,7 @@ def _fit(original, model, *args, **kwargs):
         return history
     _distribute_held_optimizers(model)
     if not opts.no_shard:
-        kwargs = _sharded_fit_inputs(kwargs)
+        kwargs = _sharded_fit_inputs(kwargs, opts.batch)
     _check_fit_inputs(model, kwargs)
     callbacks = _rank_zero_callbacks(list(kwargs.get("callbacks") or []))
     ours = [hvd_callbacks.BroadcastGlobalVariablesCallback(0), hvd_callbacks.MetricAverageCallback(),
