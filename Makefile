@@ -15,7 +15,7 @@ STAMP := $(VENV)/.hvdkeras-installed
 PYTEST_ARGS ?=
 NETBENCH_ARGS ?=
 
-.PHONY: install lab test test-fast demo bench netbench lint clean
+.PHONY: install lab test test-fast demo bench netbench batchbench lint clean
 
 install: $(STAMP)
 
@@ -53,6 +53,11 @@ bench: install
 netbench: install lab
 	$(PY) benchmarks/network_benchmark.py $(NETBENCH_ARGS)
 	$(PY) benchmarks/step_timeline.py --out docs
+
+# Unmodified scripts under both batch conventions against one process (the corpus and the digits example);
+# writes docs/batch_convention.json.
+batchbench: install
+	$(PY) benchmarks/batch_convention.py --out docs
 
 lint: install
 	$(VENV)/bin/ruff check .

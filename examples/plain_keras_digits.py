@@ -2,8 +2,9 @@
 
 Single process:       python examples/plain_keras_digits.py
 Data-parallel:        hvdkeras run -np 2 examples/plain_keras_digits.py
-(`hvdkeras run` shards the arrays and the validation split, wraps the optimizer, adds the broadcast,
-exact-metric and warm-up callbacks, and makes the checkpoints and the final save rank-0 only.)
+(`hvdkeras run` splits each batch of 32 over the workers, as Keras's own distribution does, shards the
+validation split, wraps the optimizer, adds the broadcast and exact-metric callbacks, and makes the
+checkpoints and the final save rank-0 only.)
 """
 
 import argparse

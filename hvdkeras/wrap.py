@@ -312,19 +312,53 @@ def _split_global_batches(x, y, sw, kwargs: dict) -> dict:
     rows of it (data.split_batches). Arrays become the very batches Keras would make of them in one process
     (its own array adapter: the same shuffling, class weights and batch size), split."""
     if _is_arrays((x, y, sw)):
-        from keras.src.trainers.data_adapters.array_data_adapter import ArrayDataAdapter
-
-        adapter = ArrayDataAdapter(x, y, sample_weight=sw, class_weight=kwargs.get("class_weight"),
-                                   shuffle=kwargs.get("shuffle", True), batch_size=kwargs.get("batch_size"),
-                                   steps=kwargs.get("steps_per_epoch"))
-        return {"x": data.split_batches(adapter.get_tf_dataset()), "y": None, "sample_weight": None,
-                "class_weight": None, "batch_size": None, "shuffle": False,
+        batches, batch_size = _global_array_batches(x, y, sw, kwargs)
+        return {"x": data.split_batches(batches), "y": None, "sample_weight": None, "class_weight": None,
+                "batch_size": None, "shuffle": False,
                 # Validation arrays keep the script's batch size (fit would take it from batch_size).
-                "validation_batch_size": kwargs.get("validation_batch_size") or adapter.batch_size}
+                "validation_batch_size": kwargs.get("validation_batch_size") or batch_size}
     if isinstance(x, (tf.data.Dataset, keras.utils.PyDataset)) or _is_generator(x):
         return {"x": data.split_batches(x)}
     _unshardable(x, "x")
     return {"x": x, "y": y, "sample_weight": sw}
+
+
+def _global_array_batches(x, y, sw, kwargs: dict) -> tuple[tf.data.Dataset, int]:
+    """The global batches of fit's arrays, the same on every worker, and their batch size.
+
+    Keras's own array adapter makes them, so a script seeded alike on every worker (the usual reproducible
+    script) trains exactly as in one process. Where the workers' first batches differ (a script that seeds
+    nothing, or seeds by rank), Keras's shuffling differs between them, and the batches are made here
+    instead: the same rows shuffled with one seed chosen by rank 0, anew every epoch.
+    """
+    from keras.src.trainers.data_adapters.array_data_adapter import ArrayDataAdapter
+
+    shuffle = kwargs.get("shuffle", True)
+    adapter = ArrayDataAdapter(x, y, sample_weight=sw, class_weight=kwargs.get("class_weight"), shuffle=shuffle,
+                               batch_size=kwargs.get("batch_size"), steps=kwargs.get("steps_per_epoch"))
+    batches = adapter.get_tf_dataset()
+    if shuffle is True and C.size() > 1 and not _same_on_every_worker(next(iter(batches))):
+        n = int(np.shape(keras.tree.flatten(x)[0])[0])
+        ordered = ArrayDataAdapter(x, y, sample_weight=sw, class_weight=kwargs.get("class_weight"), shuffle=False,
+                                   batch_size=n).get_tf_dataset()
+        rows = next(iter(ordered))  # every row, in order, with class weights as sample weights
+        seed = C.broadcast_object(int(np.random.default_rng().integers(2**31)), root_rank=0,
+                                  name="hvdkeras.wrap.shuffle_seed")
+        order = tf.data.Dataset.range(n).shuffle(n, seed=seed, reshuffle_each_iteration=True).batch(adapter.batch_size)
+        batches = order.map(lambda idx: keras.tree.map_structure(lambda a: tf.gather(a, idx), rows))
+        _warn_once("shuffle-seed", "the workers shuffle fit's arrays differently (the script does not seed them "
+                                   "alike): hvdkeras shuffles them with one seed on every worker instead")
+    if adapter.num_batches is not None:
+        # Its cardinality is unknown to tf.data; Keras would take it from the adapter.
+        batches = batches.apply(tf.data.experimental.assert_cardinality(adapter.num_batches))
+    return batches, adapter.batch_size
+
+
+def _same_on_every_worker(batch: Any) -> bool:
+    digest = hashlib.sha256()
+    for leaf in keras.tree.flatten(batch):
+        digest.update(np.ascontiguousarray(keras.ops.convert_to_numpy(leaf)).tobytes())
+    return len(set(C.allgather_object(digest.hexdigest(), name="hvdkeras.wrap.first_batch"))) == 1
 
 
 def _is_generator(value: Any) -> bool:

@@ -12,10 +12,8 @@ SCRIPT = REPO / "examples" / "plain_keras_digits.py"
 EPOCHS = 2
 
 
-@pytest.fixture(scope="module")
-def two(tmp_path_factory):
-    out = tmp_path_factory.mktemp("wrap2")
-    cmd = [str(VENV_BIN / "hvdkeras"), "run", "-np", "2", "--report-dir", str(out / "report"), str(SCRIPT),
+def _run_two(out, *options):
+    cmd = [str(VENV_BIN / "hvdkeras"), "run", "-np", "2", *options, "--report-dir", str(out / "report"), str(SCRIPT),
            "--epochs", str(EPOCHS), "--out-dir", str(out / "model")]
     job = run_command(cmd, out, timeout=300)
     if job.returncode != 0:
@@ -23,6 +21,17 @@ def two(tmp_path_factory):
     job.out = out
     job.reports = {r: json.loads((out / "report" / f"rank{r}.json").read_text()) for r in (0, 1)}
     return job
+
+
+@pytest.fixture(scope="module")
+def two(tmp_path_factory):
+    """The default, Keras's batch convention (--batch global)."""
+    return _run_two(tmp_path_factory.mktemp("wrap2"))
+
+
+@pytest.fixture(scope="module")
+def per_worker(tmp_path_factory):
+    return _run_two(tmp_path_factory.mktemp("wrap2pw"), "--batch", "per-worker")
 
 
 @pytest.fixture(scope="module")
@@ -36,10 +45,15 @@ def one(tmp_path_factory):
     return json.loads((out / "report" / "rank0.json").read_text())
 
 
-def test_each_worker_runs_half_the_steps(two, one):
+def test_global_batch_each_worker_runs_one_process_steps_on_half_of_each_batch(two, one):
+    assert [two.reports[r]["fit_steps"] for r in (0, 1)] == [one["fit_steps"]] * 2
+
+
+def test_per_worker_batch_each_worker_runs_half_the_steps(per_worker, one):
     single = one["fit_steps"][0]
     for r in (0, 1):
-        assert abs(two.reports[r]["fit_steps"][0] - single / 2) <= 1
+        assert abs(per_worker.reports[r]["fit_steps"][0] - single / 2) <= 1
+    assert per_worker.reports[0]["weights_sha256"] == per_worker.reports[1]["weights_sha256"]
 
 
 def test_weights_identical_on_both_ranks(two):

@@ -8,6 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hvdkeras import data
+from hvdkeras.data import batch_slice, split_batch, split_batches
 
 
 def elements(ds):
@@ -176,3 +177,50 @@ def test_shard_py_dataset_partitions_the_batches(equal, expected):
 def test_shard_py_dataset_needs_a_length_and_a_batch_per_worker():
     with pytest.raises(ValueError, match="at least one batch per worker. Received: a Batches of 1 batches"):
         data.shard_py_dataset(Batches(1), num_shards=2, index=0)
+
+
+# ------------------------------------------------------------------------------ the global batch convention
+@settings(max_examples=40, deadline=None)
+@given(rows=st.integers(0, 200), num_shards=st.integers(1, 9))
+def test_batch_slice_splits_a_batch_as_tf_distribute_does(rows, num_shards):
+    parts = [batch_slice(rows, num_shards, i) for i in range(num_shards)]
+    if rows < num_shards:
+        assert parts == [(0, rows)] * num_shards  # too small to split: every worker takes it whole
+        return
+    sizes = [size for _, size in parts]
+    assert sum(sizes) == rows and max(sizes) - min(sizes) <= 1 and sizes == sorted(sizes, reverse=True)
+    assert [start for start, _ in parts] == [sum(sizes[:i]) for i in range(num_shards)]
+    tensors = [batch_slice(tf.constant(rows), num_shards, i) for i in range(num_shards)]
+    assert [(int(a), int(b)) for a, b in tensors] == parts
+
+
+def test_batch_slice_of_33_rows_over_2_workers():
+    assert [batch_slice(33, 2, i) for i in (0, 1)] == [(0, 17), (17, 16)]
+
+
+def test_split_batch_cuts_every_leaf_and_keeps_scalars():
+    batch = ({"a": np.arange(6), "b": np.arange(12).reshape(6, 2)}, np.arange(6) * 10, np.float32(3.0))
+    mine = split_batch(batch, num_shards=3, index=1)
+    assert mine[0]["a"].tolist() == [2, 3] and mine[0]["b"].tolist() == [[4, 5], [6, 7]]
+    assert mine[1].tolist() == [20, 30] and mine[2] == np.float32(3.0)
+    ragged = tf.ragged.constant([[1], [2, 2], [3], [4, 4, 4]])
+    sparse = tf.sparse.from_dense(tf.constant([[1, 0], [0, 2], [3, 0], [0, 4]]))
+    r, s = split_batch((ragged, sparse), num_shards=2, index=1)
+    assert r.to_list() == [[3], [4, 4, 4]] and tf.sparse.to_dense(s).numpy().tolist() == [[3, 0], [0, 4]]
+    with pytest.raises(ValueError, match="at least one array with a batch dimension"):
+        split_batch((np.float32(1.0),), num_shards=2, index=0)
+
+
+def test_split_batches_of_a_py_dataset_and_bad_input():
+    class Batches(keras.utils.PyDataset):
+        def __len__(self):
+            return 2
+
+        def __getitem__(self, i):
+            return np.arange(4) + 4 * i, np.zeros(4)
+
+    split = split_batches(Batches(), num_shards=2, index=0)
+    assert isinstance(split, keras.utils.PyDataset) and len(split) == 2 and split.num_batches == 2
+    assert [split[i][0].tolist() for i in range(2)] == [[0, 1], [4, 5]]
+    with pytest.raises(TypeError, match="Received: data of type list"):
+        split_batches([1, 2], num_shards=2, index=0)

@@ -19,6 +19,14 @@ def installed(hvd):
     wrap.uninstall()
 
 
+@pytest.fixture
+def per_worker(hvd):
+    """`--batch per-worker`: whole batches on every worker, the rate scaled (linear) and warmed up."""
+    wrap.install(wrap.Options(batch="per-worker"))
+    yield
+    wrap.uninstall()
+
+
 def model():
     keras.utils.set_random_seed(0)
     return keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
@@ -26,7 +34,7 @@ def model():
 
 @pytest.mark.parametrize("optimizer", ["adam", keras.optimizers.Adam(0.001), {"class_name": "Adam",
                                                                                "config": {"learning_rate": 0.001}}])
-def test_compile_wraps_and_scales(installed, monkeypatch, optimizer):
+def test_compile_wraps_and_scales(per_worker, monkeypatch, optimizer):
     monkeypatch.setattr(C, "size", lambda: 4)
     m = model()
     m.compile(optimizer=optimizer, loss="mse", jit_compile=True)
@@ -60,7 +68,7 @@ def test_save_writes_on_rank_zero_only(installed, monkeypatch, tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a.keras", "a.weights.h5"]
 
 
-def test_fit_shards_arrays_and_validation_split(installed, monkeypatch):
+def test_fit_shards_arrays_and_validation_split(per_worker, monkeypatch):
     monkeypatch.setattr(C, "size", lambda: 2)
     monkeypatch.setattr(C, "rank", lambda: 1)
     seen = {}
@@ -100,7 +108,7 @@ def test_a_script_compiling_with_a_distributed_optimizer_is_left_alone(installed
     m.compile(optimizer=opt, loss="mse")
     assert m.optimizer is opt and float(opt.learning_rate) == pytest.approx(0.1)  # not scaled again
     seen = {}
-    monkeypatch.setattr(wrap, "_sharded_fit_inputs", lambda kwargs: seen.setdefault("sharded", True) and kwargs)
+    monkeypatch.setattr(wrap, "_sharded_fit_inputs", lambda kwargs, batch: seen.setdefault("sharded", True) and kwargs)
     m.fit(np.ones((8, 3), "float32"), np.ones((8, 2), "float32"), epochs=1, verbose=0)
     assert "sharded" not in seen
     monkeypatch.setattr(C, "rank", lambda: 1)
@@ -108,7 +116,7 @@ def test_a_script_compiling_with_a_distributed_optimizer_is_left_alone(installed
     assert (tmp_path / "rank1.keras").exists()
 
 
-def test_load_model_compiles_with_the_scripts_loss_and_keeps_the_saved_rate(installed, monkeypatch, tmp_path):
+def test_load_model_compiles_with_the_scripts_loss_and_keeps_the_saved_rate(per_worker, monkeypatch, tmp_path):
     """keras.models.load_model in a job: Keras's compile_from_config compiles the model (the patch is on the
     class that defines compile, so Keras does not take it for an override), with the saved loss and metrics,
     and the saved rate is not scaled a second time."""
@@ -139,7 +147,7 @@ class TwoOptimizers(keras.Model):
         self.b_optimizer = b_optimizer
 
 
-def test_fit_distributes_the_optimizers_a_model_holds(installed, monkeypatch):
+def test_fit_distributes_the_optimizers_a_model_holds(per_worker, monkeypatch):
     monkeypatch.setattr(C, "size", lambda: 2)
     m = TwoOptimizers()
     m.compile(keras.optimizers.Adam(0.001), keras.optimizers.SGD(0.01))
@@ -219,3 +227,96 @@ def test_warmup_hands_the_rate_over_when_the_script_sets_it(hvd, monkeypatch, wh
     warmup.on_epoch_end(1, {})
     assert warmup.handed_over and float(m.optimizer.learning_rate) == pytest.approx(0.005)
     assert m._hvdkeras_warmup_lr is None
+
+
+# ------------------------------------------------------------------------------------- --batch global
+def _captured_fit(m, *args, **kwargs):
+    seen = {}
+
+    def fake_fit(self, **kw):
+        seen.update(kw)
+
+    fake_fit.__signature__ = inspect.signature(keras.Model.fit.__wrapped__)
+    wrap._fit(fake_fit, m, *args, **kwargs)
+    return seen
+
+
+def test_global_batch_leaves_the_rate_and_adds_no_warmup(installed, monkeypatch):
+    monkeypatch.setattr(C, "size", lambda: 4)
+    m = model()
+    m.compile(optimizer=keras.optimizers.Adam(0.001), loss="mse")
+    assert float(m.optimizer.learning_rate) == pytest.approx(0.001)
+    seen = _captured_fit(m, np.ones((8, 3), "float32"), np.ones((8, 2), "float32"), epochs=1)
+    kinds = [type(cb).__name__ for cb in seen["callbacks"]]
+    assert "_Warmup" not in kinds and kinds[:2] == ["BroadcastGlobalVariablesCallback", "MetricAverageCallback"]
+
+
+def test_an_explicit_lr_scaling_applies_under_the_global_batch_too(hvd, monkeypatch):
+    monkeypatch.setattr(C, "size", lambda: 4)
+    wrap.install(wrap.Options(lr_scaling="sqrt"))
+    try:
+        m = model()
+        m.compile(optimizer=keras.optimizers.SGD(0.01), loss="mse")
+    finally:
+        wrap.uninstall()
+    assert float(m.optimizer.learning_rate) == pytest.approx(0.02)
+
+
+def _rows(dataset):
+    return [np.asarray(batch[0])[:, 0].tolist() for batch in dataset]
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_global_batch_arrays_become_keras_own_batches_split(installed, monkeypatch, rank):
+    """Arrays become the batches Keras makes of them in one process (here unshuffled), and each worker takes its
+    rows of every batch: 20 rows, batch_size 8 -> batches of 8, 8 and 4, rank r takes 4, 4 and 2 of them."""
+    monkeypatch.setattr(C, "size", lambda: 2)
+    monkeypatch.setattr(C, "rank", lambda: rank)
+    m = model()
+    m.compile(optimizer="sgd", loss="mse")
+    x = np.arange(60, dtype="float32").reshape(20, 3)
+    seen = _captured_fit(m, x, np.zeros((20, 2), "float32"), batch_size=8, shuffle=False,
+                         validation_data=(x[:4], np.zeros((4, 2), "float32")))
+    assert seen["y"] is None and seen["batch_size"] is None and seen["validation_batch_size"] == 8
+    assert int(seen["x"].cardinality()) == 3
+    firsts = [list(range(0, 8)), list(range(8, 16)), list(range(16, 20))]
+    expected = [[3.0 * i for i in rows[rank * len(rows) // 2:(rank + 1) * len(rows) // 2]] for rows in firsts]
+    assert _rows(seen["x"]) == expected
+    assert np.asarray(seen["validation_data"][0])[:, 0].tolist() == ([0.0, 6.0] if rank == 0 else [3.0, 9.0])
+
+
+def test_global_batch_keeps_class_weights_as_sample_weights(installed, monkeypatch):
+    monkeypatch.setattr(C, "size", lambda: 2)
+    m = model()
+    m.compile(optimizer="sgd", loss="mse")
+    x, y = np.ones((4, 3), "float32"), np.array([0, 1, 1, 0], "int64")
+    seen = _captured_fit(m, x, y, batch_size=4, shuffle=False, class_weight={0: 1.0, 1: 5.0})
+    (batch,) = list(seen["x"])
+    assert seen["class_weight"] is None and np.asarray(batch[2]).tolist() == [1.0, 5.0]
+
+
+def test_global_batch_splits_datasets_py_datasets_and_generators(installed, monkeypatch):
+    import tensorflow as tf
+
+    monkeypatch.setattr(C, "size", lambda: 2)
+    monkeypatch.setattr(C, "rank", lambda: 1)
+    m = model()
+    m.compile(optimizer="sgd", loss="mse")
+    x = np.arange(30, dtype="float32").reshape(10, 3)
+    y = np.zeros((10, 2), "float32")
+    seen = _captured_fit(m, tf.data.Dataset.from_tensor_slices((x, y)).batch(4))
+    assert _rows(seen["x"]) == [[6.0, 9.0], [18.0, 21.0], [27.0]]  # 4, 4, 2 rows: the second half of each
+
+    def batches():
+        for start in (0, 4):
+            yield x[start:start + 4], y[start:start + 4]
+
+    seen = _captured_fit(m, batches())
+    assert _rows(seen["x"]) == [[6.0, 9.0], [18.0, 21.0]]
+
+
+def test_unmodified_scripts_take_the_batch_convention_from_the_environment():
+    assert wrap.options_from_env({"HVDKERAS_BATCH": "per-worker"}) == {"batch": "per-worker"}
+    with pytest.raises(ValueError, match="Received: batch='local'"):
+        wrap.Options(batch="local")
+    assert wrap.Options().scaling_rule == "none" and wrap.Options(batch="per-worker").scaling_rule == "linear"

@@ -10,7 +10,8 @@ as for a script started twice in one directory). The runner records, per rank, i
   folders, seen by an audit hook);
 - "files": the files in the folder afterwards;
 - "digest": sha256 of the weights of the script's `model` at the end;
-- "loss": the last epoch's "loss" in the script's `history` (or its first key when it has no "loss").
+- "loss": the last epoch's "loss" in the script's `history` (or its first key when it has no "loss");
+- "seconds": how long the script ran.
 Lines "### corpus <name> begin/end" delimit each script's output.
 """
 
@@ -21,6 +22,7 @@ import json
 import os
 import runpy
 import sys
+import time
 import traceback
 from pathlib import Path
 
@@ -75,6 +77,7 @@ def run(name: str, out: Path, rank: int) -> dict:
     os.chdir(folder)
     sys.argv = [str(CORPUS / f"{name}.py")]
     _watch.update(dir=str(folder.resolve()), writes=[])
+    start = time.monotonic()
     try:
         namespace = runpy.run_path(str(CORPUS / f"{name}.py"), run_name="__main__")
         result["digest"] = _digest(namespace["model"])
@@ -83,6 +86,7 @@ def run(name: str, out: Path, rank: int) -> dict:
         result["error"] = traceback.format_exc()
         print(result["error"], file=sys.stderr, flush=True)
     finally:
+        result["seconds"] = time.monotonic() - start
         _watch["dir"] = None
         os.chdir(cwd)
         sys.argv = argv
