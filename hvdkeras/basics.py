@@ -21,21 +21,54 @@ Average = C.Average
 Sum = C.Sum
 
 
-def pin_gpu(local_rank: int, config: Any = None) -> Any:
-    """Makes exactly one GPU visible to this process, chosen by local rank.
+_said_no_gpu: list[bool] = []
+
+
+def pin_gpu(local_rank: int, local_size: int | None = None, config: Any = None, environ: Any = None,
+            built_with_cuda: bool | None = None) -> Any:
+    """Makes exactly one GPU visible to this process: the GPU of its local rank.
+
+    A process that already chose its devices is left alone: its TensorFlow was told which GPUs to see
+    (`tf.config.set_visible_devices` before `init()`), or its launcher gave it one GPU
+    (CUDA_VISIBLE_DEVICES naming a single device, as Slurm's GPU binding does). A CUDA build of TensorFlow
+    that sees no GPU trains on CPU, and says so once.
 
     Args:
         local_rank: this process's rank on its host.
+        local_size: the processes on this host; defaults to `local_rank + 1` (nothing to check).
         config: the `tf.config` module (replaceable in tests).
+        environ: the environment (default `os.environ`).
+        built_with_cuda: whether TensorFlow is a CUDA build (default: asked of TensorFlow).
 
     Returns:
-        The physical device that was pinned, or None when no GPU is visible.
+        The physical device that was pinned, or None when none was (no GPU, or the process chose).
+
+    Raises:
+        ValueError: more processes on this host than GPUs, which would put two processes on one GPU.
     """
     config = tf.config if config is None else config
+    environ = os.environ if environ is None else environ
     gpus = config.list_physical_devices("GPU")
     if not gpus:
+        cuda = tf.test.is_built_with_cuda() if built_with_cuda is None else built_with_cuda
+        if cuda and not _said_no_gpu:
+            _said_no_gpu.append(True)
+            log.warning("hvdkeras: TensorFlow is a CUDA build but sees no GPU: training on CPU")
         return None
-    gpu = gpus[local_rank % len(gpus)]
+    chosen = [d for d in environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
+    if len(chosen) == 1 or len(config.get_visible_devices("GPU")) != len(gpus):
+        log.info("hvdkeras: this process chose its GPUs (%s): left as they are",
+                 f"CUDA_VISIBLE_DEVICES={chosen[0]}" if len(chosen) == 1 else "tf.config.set_visible_devices")
+        return None
+    local_size = local_rank + 1 if local_size is None else local_size
+    if local_size > len(gpus):
+        raise ValueError(
+            f"{local_size} processes on this host but {len(gpus)} GPUs visible: each process needs a GPU of its "
+            f"own (two on one GPU would share its memory and compute). Start at most {len(gpus)} processes per "
+            "host, or make CUDA_VISIBLE_DEVICES give each process its GPU, or pass init(pin_gpus=False). "
+            f"Received: local size {local_size}, GPUs {[getattr(g, 'name', g) for g in gpus]}"
+        )
+    gpu = gpus[local_rank]
     try:
         config.set_visible_devices(gpu, "GPU")
         # Grow memory on demand, so the processes sharing a host never grab each other's GPU memory.
@@ -95,11 +128,12 @@ def init(comm: Any = None, process_sets: Any = None, pin_gpus: bool = True) -> N
     Args:
         comm: an mpi4py communicator or list of ranks, for an MPI build of Horovod (as in Horovod).
         process_sets: `hvdkeras.ProcessSet`s to register, or "dynamic" (as in Horovod).
-        pin_gpus: make only the GPU `local_rank() % num_gpus` visible to TensorFlow (when GPUs exist).
+        pin_gpus: make only the GPU of `local_rank()` visible to TensorFlow (when GPUs exist and the process
+            has not chosen its own; see `pin_gpu`).
 
     Raises:
         ValueError: the launcher's variables, or HVDKERAS_HOROVOD_NICE, are malformed or inconsistent (named in
-            the message).
+            the message); more processes on a host than GPUs.
         RuntimeError: the job cannot be formed (unreachable rendezvous, missing ranks, another job on the
             port, ranks disagreeing on the size, or Horovod already initialized with another size).
 
@@ -126,7 +160,7 @@ def init(comm: Any = None, process_sets: Any = None, pin_gpus: bool = True) -> N
         )
     sync_batch_norm.install()
     if pin_gpus:
-        pin_gpu(C.local_rank())
+        pin_gpu(C.local_rank(), C.local_size())
 
 
 def shutdown() -> None:

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Build and install Horovod 0.28.1 into the given Python environment, with TensorFlow + Gloo
-# (and NCCL where a CUDA build of TensorFlow and NCCL are present).
+# (and NCCL where TensorFlow is a CUDA build: scripts/gpu_build.py).
 #
 # Why this script exists: `pip install horovod==0.28.1` (the last release) does not build against
 # TensorFlow >= 2.16 wheels. horovod/tensorflow/xla_mpi_ops.cc includes XLA headers that TensorFlow's
@@ -9,13 +9,14 @@
 # XLA custom calls for `jit_compile=True` graphs, which hvdkeras never uses (it keeps every collective
 # outside XLA-compiled code), so we drop it from the TensorFlow source list and build the rest.
 #
-# The built wheel is cached (key: Horovod version, TensorFlow version, Python tag, GPU ops), so a second
+# The built wheel is cached (key: Horovod version, TensorFlow version, Python tag, GPU ops and NCCL version), so a second
 # install of a fresh venv takes seconds instead of minutes.
 #
 # Usage: scripts/install_horovod.sh PYTHON
 # Environment:
 #   HVDKERAS_CACHE_DIR      wheel cache (default: ${XDG_CACHE_HOME:-$HOME/.cache}/hvdkeras)
-#   HOROVOD_GPU_OPERATIONS  force NCCL (or empty to force CPU-only); detected when unset
+#   HOROVOD_GPU_OPERATIONS  force NCCL (or empty to force CPU-only); detected when unset (scripts/gpu_build.py)
+#   HOROVOD_NCCL_HOME, HOROVOD_CUDA_HOME, CUDA_HOME   a system NCCL / CUDA toolkit, taking precedence
 set -euo pipefail
 
 PY=${1:?usage: install_horovod.sh PYTHON}
@@ -33,19 +34,15 @@ command -v g++ >/dev/null || die "g++ is required to build Horovod (apt-get inst
 
 TF_VERSION=$("$PY" -c 'import tensorflow as tf; print(tf.__version__)' 2>/dev/null) \
   || die "TensorFlow must be installed in $PY before Horovod is built"
-TF_CUDA=$("$PY" -c 'import tensorflow as tf; print(int(tf.test.is_built_with_cuda()))' 2>/dev/null)
 PY_TAG=$("$PY" -c 'import sys; print(f"cp{sys.version_info[0]}{sys.version_info[1]}")')
 
-# NCCL for GPU allreduce: only when TensorFlow itself is a CUDA build and NCCL can be found.
-# (This cannot be exercised on a CPU-only machine; set HOROVOD_GPU_OPERATIONS=NCCL to force it.)
-if [ -z "${HOROVOD_GPU_OPERATIONS+set}" ]; then
-  HOROVOD_GPU_OPERATIONS=
-  if [ "$TF_CUDA" = 1 ] && { [ -n "${HOROVOD_NCCL_HOME:-}" ] || ldconfig -p 2>/dev/null | grep -q libnccl; }; then
-    HOROVOD_GPU_OPERATIONS=NCCL
-  fi
-fi
-GPU_TAG=${HOROVOD_GPU_OPERATIONS:-cpu}
-GPU_TAG=$(echo "$GPU_TAG" | tr '[:upper:]' '[:lower:]')
+# GPU operations (NCCL) when TensorFlow is a CUDA build: scripts/gpu_build.py finds NCCL and nvcc (system-wide
+# first, then TensorFlow's own CUDA wheels in the venv), prints the build's variables and the cache tag, or
+# fails naming what is missing. HOROVOD_GPU_OPERATIONS= (empty) forces a CPU-only build.
+gpu_work=$(mktemp -d)
+trap 'rm -rf "$gpu_work"' EXIT
+gpu_plan=$("$PY" "$(dirname "$0")/gpu_build.py" "$gpu_work") || die "cannot build Horovod's GPU operations (above)"
+eval "$gpu_plan"
 
 already=$("$PY" - <<PYEOF 2>/dev/null || true
 import importlib.metadata as m
@@ -55,8 +52,9 @@ except m.PackageNotFoundError:
     v = ""
 if v.startswith("$HVD_VERSION"):
     import horovod
-    import horovod.tensorflow as hvd  # noqa: F401  (fails if built for another TF)
-    if getattr(horovod, "_hvdkeras_patches", "") == "$PATCHES":
+    import horovod.tensorflow as hvd  # fails if built for another TF
+    # An installed build is reused only with the GPU operations this TensorFlow needs.
+    if getattr(horovod, "_hvdkeras_patches", "") == "$PATCHES" and bool(hvd.nccl_built()) == ("$GPU_TAG" != "cpu"):
         print("yes")
 PYEOF
 )
@@ -71,7 +69,7 @@ wheel=$(ls "$WHEEL_DIR"/horovod-*.whl 2>/dev/null | head -n 1 || true)
 if [ -z "$wheel" ]; then
   echo "install_horovod.sh: building horovod $HVD_VERSION for TensorFlow $TF_VERSION (gpu ops: $GPU_TAG); takes a few minutes"
   work=$(mktemp -d)
-  trap 'rm -rf "$work"' EXIT
+  trap 'rm -rf "$work" "$gpu_work"' EXIT
   "$PY" -m pip download --quiet --no-deps --no-binary :all: -d "$work" "horovod==$HVD_VERSION"
   tar -xzf "$work/horovod-$HVD_VERSION.tar.gz" -C "$work"
   src="$work/horovod-$HVD_VERSION"
@@ -96,7 +94,6 @@ if [ -z "$wheel" ]; then
   "$PY" -m pip install --quiet setuptools wheel packaging
   export HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITH_GLOO=1 HOROVOD_WITHOUT_MPI=1 \
          HOROVOD_WITHOUT_PYTORCH=1 HOROVOD_WITHOUT_MXNET=1 HOROVOD_CPU_OPERATIONS=gloo
-  if [ -n "$HOROVOD_GPU_OPERATIONS" ]; then export HOROVOD_GPU_OPERATIONS; else unset HOROVOD_GPU_OPERATIONS; fi
   export MAKEFLAGS="-j$(nproc)"
   "$PY" -m pip wheel --no-build-isolation --no-deps -w "$work/dist" "$src"
   mkdir -p "$WHEEL_DIR"

@@ -1,0 +1,133 @@
+"""scripts/gpu_build.py: where Horovod's GPU build finds NCCL and nvcc, over recorded install layouts.
+
+The layouts are those of the wheels `tensorflow[and-cuda]==2.21.0` installs (recorded 2026-12-02 from
+nvidia-nccl-cu12 2.32.3, nvidia-cuda-nvcc-cu12 12.9.86 and nvidia-cuda-runtime-cu12 12.9.79): the nvcc
+wheel holds bin/ptxas and nvvm, no bin/nvcc.
+"""
+
+import importlib.util
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "gpu_build.py"
+spec = importlib.util.spec_from_file_location("gpu_build", SCRIPT)
+gpu_build = importlib.util.module_from_spec(spec)
+sys.modules["gpu_build"] = gpu_build  # its dataclasses look their module up
+spec.loader.exec_module(gpu_build)
+
+WHEEL_FILES = [
+    "nvidia/nccl/include/nccl.h", "nvidia/nccl/lib/libnccl.so.2",
+    "nvidia/cuda_nvcc/bin/ptxas", "nvidia/cuda_nvcc/nvvm/lib64/libnvvm.so",
+    "nvidia/cuda_runtime/include/cuda_runtime.h", "nvidia/cuda_runtime/lib/libcudart.so.12",
+]
+NCCL_H = "#define NCCL_MAJOR 2\n#define NCCL_MINOR 32\n#define NCCL_PATCH 3\n"
+LDCONFIG_WITH_NCCL = "\tlibnccl.so.2 (libc6,x86-64) => /usr/lib/x86_64-linux-gnu/libnccl.so.2\n"
+
+
+def layout(root: Path, files: list[str]) -> Path:
+    for name in files:
+        path = root / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(NCCL_H if name.endswith("nccl.h") else "")
+    return root
+
+
+@pytest.fixture
+def wheels(tmp_path):
+    """A venv's site-packages with TensorFlow's CUDA wheels."""
+    return layout(tmp_path / "site-packages", WHEEL_FILES)
+
+
+def plan(site, tmp_path, environ=None, ldconfig="", which=lambda name: None, system=(), tf_cuda=True):
+    # The system's files are faked: this machine's own /usr/local/cuda must not count.
+    exists = lambda p: (str(p).startswith(str(tmp_path)) and p.is_file()) or str(p) in system  # noqa: E731
+    return gpu_build.plan(tf_cuda, environ or {}, [site], ldconfig, tmp_path / "work", which=which, exists=exists)
+
+
+def test_cuda_wheels_alone_fail_naming_nvcc_and_how_to_get_it(wheels, tmp_path):
+    with pytest.raises(gpu_build.GpuBuildError) as err:
+        plan(wheels, tmp_path)
+    message = str(err.value)
+    assert "TensorFlow is a CUDA build" in message and "nvcc" in message and "holds ptxas but not nvcc" in message
+    assert "set CUDA_HOME" in message and "- NCCL" not in message  # NCCL was found in its wheel
+
+
+def test_nccl_from_its_wheel_with_a_system_toolkit(wheels, tmp_path):
+    """What an ldconfig-only check missed: NCCL from a wheel is never in ldconfig."""
+    toolkit = layout(tmp_path / "cuda-12.4", ["bin/nvcc"])
+    build = plan(wheels, tmp_path, environ={"CUDA_HOME": str(toolkit)})
+    env = dict(build.env)
+    assert build.operations == "NCCL" and env["HOROVOD_GPU_OPERATIONS"] == "NCCL"
+    assert env["HOROVOD_NCCL_HOME"] == str(tmp_path / "work" / "nccl") and env["HOROVOD_NCCL_LINK"] == "SHARED"
+    assert env["HOROVOD_CUDA_HOME"] == str(toolkit)
+    links = dict(build.links)
+    assert links[str(tmp_path / "work" / "nccl" / "lib" / "libnccl.so")] == str(wheels / "nvidia/nccl/lib/libnccl.so.2")
+    assert links[str(tmp_path / "work" / "nccl" / "include")] == str(wheels / "nvidia/nccl/include")
+    assert build.tag == "nccl2.32.3"
+
+
+def test_system_cuda_and_nccl_take_precedence_over_the_wheels(wheels, tmp_path):
+    build = plan(wheels, tmp_path, ldconfig=LDCONFIG_WITH_NCCL, system={"/usr/local/cuda/bin/nvcc"})
+    env = dict(build.env)
+    assert env == {"HOROVOD_GPU_OPERATIONS": "NCCL", "HOROVOD_CUDA_HOME": "/usr/local/cuda"}
+    assert build.links == () and build.tag == "ncclsystem"
+    nccl_home = layout(tmp_path / "nccl", ["include/nccl.h", "lib/libnccl.so"])
+    build = plan(wheels, tmp_path, environ={"HOROVOD_NCCL_HOME": str(nccl_home)}, ldconfig=LDCONFIG_WITH_NCCL,
+                 which=lambda name: "/opt/cuda/bin/nvcc")
+    assert dict(build.env)["HOROVOD_NCCL_HOME"] == str(nccl_home) and build.tag == "nccl2.32.3"
+    assert dict(build.env)["HOROVOD_CUDA_HOME"] == "/opt/cuda"
+
+
+def test_a_toolkit_of_another_cuda_major_than_tensorflows_is_refused(wheels, tmp_path):
+    """This machine's image has a CUDA 13.0 toolkit in /usr/local/cuda; TensorFlow 2.21's wheels are CUDA 12."""
+    with pytest.raises(gpu_build.GpuBuildError, match=r"is CUDA 13.0, but TensorFlow was built with CUDA 12.5.1"):
+        gpu_build.plan(True, {}, [wheels], "", tmp_path / "work", which=lambda name: None,
+                       exists=lambda p: str(p) == "/usr/local/cuda/bin/nvcc", tf_cuda_version="12.5.1",
+                       release=lambda home: "13.0")
+    build = gpu_build.plan(True, {}, [wheels], "", tmp_path / "work", which=lambda name: None,
+                           exists=lambda p: str(p) == "/usr/local/cuda/bin/nvcc", tf_cuda_version="12.5.1",
+                           release=lambda home: "12.4")
+    assert build.operations == "NCCL"
+
+
+def test_a_wheel_that_holds_nvcc_makes_a_cuda_home(tmp_path):
+    site = layout(tmp_path / "site-packages", WHEEL_FILES + ["nvidia/cuda_nvcc/bin/nvcc"])
+    build = plan(site, tmp_path)
+    cuda_home = tmp_path / "work" / "cuda"
+    assert dict(build.env)["HOROVOD_CUDA_HOME"] == str(cuda_home)
+    assert dict(build.links)[str(cuda_home / "bin")] == str(site / "nvidia/cuda_nvcc/bin")
+
+
+def test_no_cuda_builds_for_cpu(wheels, tmp_path):
+    build = plan(tmp_path / "empty", tmp_path, tf_cuda=False)
+    assert build.operations == "" and build.env == () and build.tag == "cpu"
+
+
+def test_cuda_without_nccl_fails_naming_nccl(tmp_path):
+    site = layout(tmp_path / "site-packages", [f for f in WHEEL_FILES if "/nccl/" not in f])
+    with pytest.raises(gpu_build.GpuBuildError, match=r"- NCCL: no HOROVOD_NCCL_HOME.*pip install nvidia-nccl-cu12"):
+        plan(site, tmp_path, system={"/usr/local/cuda/bin/nvcc"})
+
+
+def test_forcing_and_bad_settings(wheels, tmp_path):
+    assert plan(wheels, tmp_path, environ={"HOROVOD_GPU_OPERATIONS": ""}).tag == "cpu"
+    with pytest.raises(gpu_build.GpuBuildError, match="Received: HOROVOD_GPU_OPERATIONS='MPI'"):
+        plan(wheels, tmp_path, environ={"HOROVOD_GPU_OPERATIONS": "MPI"})
+    with pytest.raises(gpu_build.GpuBuildError, match="HOROVOD_GPU_OPERATIONS=NCCL"):
+        plan(tmp_path / "empty", tmp_path, environ={"HOROVOD_GPU_OPERATIONS": "NCCL"}, tf_cuda=False)
+    with pytest.raises(gpu_build.GpuBuildError, match="Received: CUDA_HOME="):
+        plan(wheels, tmp_path, environ={"CUDA_HOME": str(tmp_path / "nothing")})
+    with pytest.raises(gpu_build.GpuBuildError, match="Received: HOROVOD_NCCL_HOME="):
+        plan(wheels, tmp_path, environ={"HOROVOD_NCCL_HOME": str(tmp_path / "nothing")})
+
+
+def test_the_command_prints_the_builds_variables_or_fails(tmp_path):
+    """Run as install_horovod.sh runs it, with this venv's (CPU) TensorFlow."""
+    done = subprocess.run([sys.executable, str(SCRIPT), str(tmp_path)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and "GPU_TAG=cpu" in done.stdout
+    forced = subprocess.run([sys.executable, str(SCRIPT), str(tmp_path)], capture_output=True, text=True, timeout=120,
+                            env={"PATH": "/usr/bin:/bin", "HOROVOD_GPU_OPERATIONS": "NCCL"})
+    assert forced.returncode == 1 and "gpu_build.py: error: HOROVOD_GPU_OPERATIONS=NCCL" in forced.stderr
