@@ -250,7 +250,7 @@ def _shard_for_training(x, y, sw):
     """Equal steps on every worker: datasets through data.shard, arrays through data.shard_arrays."""
     if _is_arrays((x, y, sw)):
         return data.shard_arrays((x, y, sw))
-    if isinstance(x, tf.data.Dataset):
+    if isinstance(x, tf.data.Dataset) and x.cardinality() != tf.data.INFINITE_CARDINALITY:
         return data.shard(x), y, sw
     if _is_py_dataset(x):
         return data.shard_py_dataset(x), y, sw

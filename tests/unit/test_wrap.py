@@ -320,3 +320,16 @@ def test_unmodified_scripts_take_the_batch_convention_from_the_environment():
     with pytest.raises(ValueError, match="Received: batch='local'"):
         wrap.Options(batch="local")
     assert wrap.Options().scaling_rule == "none" and wrap.Options(batch="per-worker").scaling_rule == "linear"
+
+
+def test_per_worker_batch_leaves_an_infinite_dataset_whole_with_a_warning(per_worker, monkeypatch):
+    import tensorflow as tf
+
+    monkeypatch.setattr(C, "size", lambda: 2)
+    m = model()
+    m.compile(optimizer="sgd", loss="mse")
+    endless = tf.data.Dataset.from_tensors((np.ones((4, 3), "float32"), np.ones((4, 2), "float32"))).repeat()
+    wrap._state["warned"].clear()
+    with pytest.warns(UserWarning, match="cannot be sharded: every worker reads all of it"):
+        seen = _captured_fit(m, endless, steps_per_epoch=2)
+    assert seen["x"] is endless
