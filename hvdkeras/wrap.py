@@ -355,10 +355,8 @@ def _global_array_batches(x, y, sw, kwargs: dict) -> tuple[tf.data.Dataset, int]
 
 
 def _same_on_every_worker(batch: Any) -> bool:
-    digest = hashlib.sha256()
-    for leaf in keras.tree.flatten(batch):
-        digest.update(np.ascontiguousarray(keras.ops.convert_to_numpy(leaf)).tobytes())
-    return len(set(C.allgather_object(digest.hexdigest(), name="hvdkeras.wrap.first_batch"))) == 1
+    digest = weights_digest(keras.tree.flatten(batch))
+    return len(set(C.allgather_object(digest, name="hvdkeras.wrap.first_batch"))) == 1
 
 
 def _is_generator(value: Any) -> bool:

@@ -1,6 +1,7 @@
 """The Keras patches of `python -m hvdkeras`, in one process (the world size faked where it matters)."""
 
 import inspect
+import warnings
 
 import keras
 import numpy as np
@@ -333,3 +334,33 @@ def test_per_worker_batch_leaves_an_infinite_dataset_whole_with_a_warning(per_wo
     with pytest.warns(UserWarning, match="cannot be sharded: every worker reads all of it"):
         seen = _captured_fit(m, endless, steps_per_epoch=2)
     assert seen["x"] is endless
+
+
+def test_global_batch_arrays_shuffled_differently_get_one_shared_shuffle(installed, monkeypatch):
+    """Workers whose first batches differ (unseeded, or seeded by rank) get the rows shuffled with rank 0's seed:
+    both ranks then cut the same global batches, which together cover every row once per epoch, each epoch
+    in another order."""
+    monkeypatch.setattr(C, "size", lambda: 2)
+    monkeypatch.setattr(C, "allgather_object", lambda obj, name=None: [obj, "another worker's first batch"])
+    monkeypatch.setattr(C, "broadcast_object", lambda obj, root_rank=0, name=None: 1234)
+    wrap._state["warned"].clear()
+    x = np.arange(40, dtype="float32").reshape(20, 2)
+    y = np.zeros((20, 1), "float32")
+    epochs = {}
+    for rank in (0, 1):
+        monkeypatch.setattr(C, "rank", lambda rank=rank: rank)
+        m = model()
+        m.compile(optimizer="sgd", loss="mse")
+        wrap._state["warned"].discard("shuffle-seed")
+        with warnings.catch_warnings(record=True) as said:
+            warnings.simplefilter("always")
+            seen = _captured_fit(m, x, y, batch_size=8)
+        warned = [str(w.message) for w in said if "shuffles them with one seed on every worker" in str(w.message)]
+        assert len(warned) == (1 if rank == 0 else 0)  # rank 0 says it
+        assert int(seen["x"].cardinality()) == 3
+        epochs[rank] = [_rows(seen["x"]) for _ in range(2)]
+    for epoch in range(2):
+        both = [a + b for a, b in zip(epochs[0][epoch], epochs[1][epoch])]
+        assert [len(rows) for rows in both] == [8, 8, 4]
+        assert sorted(v for rows in both for v in rows) == [2.0 * i for i in range(20)]
+    assert epochs[0][0] != epochs[0][1]  # shuffled anew each epoch
