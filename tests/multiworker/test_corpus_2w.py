@@ -82,7 +82,7 @@ def test_the_corpus_covers_the_patterns_users_write():
                    "validation_split", "early_stopping", "reduce_lr_on_plateau", "checkpoint_then_load_model",
                    "fit_in_a_loop", "py_dataset", "steps_per_execution", "mirrored_strategy_checkpoint",
                    "loss_inside_model", "embedding_lstm", "fit_predict_fit", "tf_numpy_layers",
-                   "no_trainable_weights", "multi_worker_mirrored_strategy"):
+                   "no_trainable_weights", "multi_worker_mirrored_strategy", "one_device_and_default_strategy"):
         assert needed in PATTERNS
 
 
@@ -145,6 +145,13 @@ def test_the_new_patterns_print_a_summary_and_keras_warns(corpus):
     warned = corpus["one_lines"][(0, "no_trainable_weights")]
     assert any("does not have any trainable weights" in line for line in warned)
     assert any("Restoring model weights" in line for line in corpus["one_lines"][(0, "early_stopping")])
+
+
+def test_mirrored_strategy_guide_restores_its_latest_checkpoint_on_every_rank(corpus):
+    name = "mirrored_strategy_checkpoint"
+    for lines in [corpus["one_lines"][(0, name)]] + [corpus["two_lines"][(r, name)] for r in (0, 1)]:
+        assert any(line.startswith("Restoring from ./ckpt/ckpt-4.keras") for line in lines), lines[-5:]
+    assert corpus["one"][name]["files"] == [f"ckpt/ckpt-{epoch}.keras" for epoch in (1, 2, 3, 4)]
 
 
 def test_multi_worker_mirrored_strategy_is_stood_in_for_with_one_warning(corpus):
