@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Install the system parts of the test lab (real Slurm, munge, OpenMPI, sshd, iproute2, Java for Spark) with apt-get,
+# Install the system parts of the test lab (real Slurm, munge, OpenMPI, sshd, iproute2, Java for Spark, Graphviz
+# for keras.utils.plot_model) with apt-get,
 # when running as root and something is missing. `make test` runs this; on a user's own cluster these
 # come from the cluster, and hvdkeras itself needs none of them.
 #
@@ -16,6 +17,7 @@ command -v ssh >/dev/null || need+=(openssh-client)
 command -v ip >/dev/null || need+=(iproute2)
 command -v tc >/dev/null || need+=(iproute2)
 command -v java >/dev/null || need+=(openjdk-17-jre-headless)  # PySpark's JVM (the spark extra)
+command -v dot >/dev/null || need+=(graphviz)  # keras.utils.plot_model in the corpus
 
 if [ ${#need[@]} -eq 0 ]; then
   exit 0

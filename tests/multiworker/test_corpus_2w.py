@@ -147,6 +147,12 @@ def test_the_new_patterns_print_a_summary_and_keras_warns(corpus):
     assert any("Restoring model weights" in line for line in corpus["one_lines"][(0, "early_stopping")])
 
 
+def test_plot_model_draws_on_rank_zero_only(corpus):
+    assert "multi_input_and_output_model.png" in corpus["one"]["multi_io"]["files"]
+    assert "multi_input_and_output_model.png" in corpus["two"][0]["multi_io"]["files"]
+    assert corpus["two"][1]["multi_io"]["writes"] == []
+
+
 def test_mirrored_strategy_guide_restores_its_latest_checkpoint_on_every_rank(corpus):
     name = "mirrored_strategy_checkpoint"
     for lines in [corpus["one_lines"][(0, name)]] + [corpus["two_lines"][(r, name)] for r in (0, 1)]:
