@@ -416,6 +416,9 @@ def split_batches(
     import keras
 
     num_shards, index = _shard_position(num_shards, index)
+    if not splittable(data):
+        raise TypeError("split_batches() takes a batched tf.data.Dataset, a keras.utils.PyDataset or a generator of "
+                        f"batches. Received: data of type {type(data).__name__}")
     if isinstance(data, tf.data.Dataset):
         def mine(*batch):
             return split_batch(batch if len(batch) > 1 else batch[0], num_shards=num_shards, index=index)
@@ -423,10 +426,15 @@ def split_batches(
         return data.map(mine, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
     if isinstance(data, keras.utils.PyDataset):
         return _split_py_dataset(data, num_shards, index)
-    if hasattr(data, "__next__"):
-        return (split_batch(batch, num_shards=num_shards, index=index) for batch in data)
-    raise TypeError("split_batches() takes a batched tf.data.Dataset, a keras.utils.PyDataset or a generator of "
-                    f"batches. Received: data of type {type(data).__name__}")
+    return (split_batch(batch, num_shards=num_shards, index=index) for batch in data)
+
+
+def splittable(data: Any) -> bool:
+    """Whether `split_batches` takes `data`: a tf.data.Dataset, a keras.utils.PyDataset, or a generator (an
+    iterator) of batches."""
+    import keras
+
+    return isinstance(data, (tf.data.Dataset, keras.utils.PyDataset)) or hasattr(data, "__next__")
 
 
 def _split_py_dataset(dataset: Any, num_shards: int, index: int) -> Any:

@@ -317,7 +317,7 @@ def _split_global_batches(x, y, sw, kwargs: dict) -> dict:
                 "batch_size": None, "shuffle": False,
                 # Validation arrays keep the script's batch size (fit would take it from batch_size).
                 "validation_batch_size": kwargs.get("validation_batch_size") or batch_size}
-    if isinstance(x, (tf.data.Dataset, keras.utils.PyDataset)) or _is_generator(x):
+    if data.splittable(x):
         return {"x": data.split_batches(x)}
     _unshardable(x, "x")
     return {"x": x, "y": y, "sample_weight": sw}
@@ -357,10 +357,6 @@ def _global_array_batches(x, y, sw, kwargs: dict) -> tuple[tf.data.Dataset, int]
 def _same_on_every_worker(batch: Any) -> bool:
     digest = weights_digest(keras.tree.flatten(batch))
     return len(set(C.allgather_object(digest, name="hvdkeras.wrap.first_batch"))) == 1
-
-
-def _is_generator(value: Any) -> bool:
-    return hasattr(value, "__next__") and not isinstance(value, (np.ndarray, tf.data.Dataset))
 
 
 def _rank_zero_callbacks(callbacks: list) -> list:
