@@ -40,6 +40,7 @@ import keras  # noqa: E402
 
 import hvdkeras as hvd  # noqa: E402
 from hvdkeras import _collectives as C  # noqa: E402
+from hvdkeras import reduction  # noqa: E402
 from hvdkeras.optimizer import DistributedOptimizer  # noqa: E402
 
 hvd.init()
@@ -51,7 +52,7 @@ reduce_gradients = DistributedOptimizer.reduce_gradients
 
 def traced_reduce_gradients(self, grads, variables):
     dense = [i for i, g in enumerate(grads) if g is not None]
-    for k, group in enumerate(self._dense_groups(dense, variables)):
+    for k, group in enumerate(reduction.dense_groups(dense, variables, self.options)):
         BUCKET_OPS[f"hvdkeras.gradients.{k}"] = [grads[i].op.name for i in group]
     return reduce_gradients(self, grads, variables)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import keras
 
 from hvdkeras import rank_zero
-from hvdkeras.optimizer import ensure_not_jit_compiled
+from hvdkeras.models import ensure_not_jit_compiled
 
 
 class HvdCallback(keras.callbacks.Callback):

@@ -10,7 +10,9 @@ import tensorflow as tf
 
 from hvdkeras import basics
 from hvdkeras._checks import check_int, env_bool
-from hvdkeras.optimizer import DistributedOptimizer, held_optimizers, var_id
+from hvdkeras.models import held_optimizers
+from hvdkeras.optimizer import DistributedOptimizer
+from hvdkeras.variables import var_id
 
 from ._base import HvdCallback
 

@@ -6,6 +6,7 @@ import numpy as np
 import tensorflow as tf
 
 from hvdkeras import _collectives as C
+from hvdkeras.variables import to_tensor
 
 from ._base import HvdCallback
 
@@ -33,7 +34,7 @@ def global_metrics_result(model, local_result, device: str = ""):
     variables = [v for v in _metric_variables(model.metrics) if v.aggregation in _OPS]
     if not variables or C.size() == 1:
         return local_result()
-    local = [tf.identity(v.value) for v in variables]
+    local = [tf.identity(to_tensor(v)) for v in variables]
     groups: dict = {}
     for i, var in enumerate(variables):
         groups.setdefault((_OPS[var.aggregation], var.dtype), []).append(i)

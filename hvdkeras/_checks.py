@@ -1,6 +1,7 @@
 """Validation at the boundary, in one format: "`name` must be WHAT. Received: name=VALUE".
 
-`check_int` is the one integer check of the package's arguments; `env_int`, `env_bool` and `env_seconds`
+`check_int` is the one integer check of the package's arguments, `check_number` the one check of a finite
+number (a rate, a number of epochs, a factor); `env_int`, `env_bool` and `env_seconds`
 are the one way its environment variables are read (an unset or empty variable gives the default).
 """
 
@@ -45,6 +46,34 @@ def check_int(name: str, value: Any, minimum: int = 1, *, maximum: int | None = 
     extra = " or None" if allow_none else ""
     what = f"an integer number of {unit}" if unit else "an integer"
     raise error(f"`{name}` must be {what} {bound}{extra}{' ' + hint if hint else ''}. Received: {name}={value!r}")
+
+
+def check_number(name: str, value: Any, minimum: float = 0.0, *, exclusive: bool = False, what: str = "a number",
+                 error: type[Exception] = ValueError) -> float:
+    """`value` as a float, if it is a finite real number (not a bool) >= minimum (> minimum with `exclusive`).
+
+    Args:
+        name: the argument's name, for the message.
+        value: what was received.
+        minimum: the bound.
+        exclusive: the bound itself is not allowed.
+        what: what the number is, e.g. "a number of epochs".
+        error: the exception class raised.
+
+    Raises:
+        `error` (ValueError by default): naming the argument, the bound and what was received.
+
+    Example:
+        >>> check_number("warmup_epochs", -1)
+        Traceback (most recent call last):
+        ValueError: `warmup_epochs` must be a finite number >= 0. Received: warmup_epochs=-1
+    """
+    ok = isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
+    if ok and (value > minimum if exclusive else value >= minimum):
+        return float(value)
+    finite = what.replace("a number", "a finite number", 1) if what.startswith("a number") else what
+    bound = f"{'>' if exclusive else '>='} {minimum:g}"
+    raise error(f"`{name}` must be {finite} {bound}. Received: {name}={value!r}")
 
 
 def _raw(environ: Mapping[str, str], name: str) -> str:

@@ -16,6 +16,18 @@ Sum = _hvd.Sum
 Min = _hvd.Min
 REDUCE_OPS = {Average: "Average", Sum: "Sum"}
 
+
+def check_op(op: Any) -> int:
+    """Validates a reduction op (hvdkeras.Average or hvdkeras.Sum).
+
+    Raises:
+        ValueError: any other value.
+    """
+    if op not in REDUCE_OPS or isinstance(op, bool):
+        raise ValueError(f"`op` must be hvdkeras.Average or hvdkeras.Sum. Received: op={op!r}")
+    return op
+
+
 # Horovod's own process sets: a ProcessSet([ranks]) registered at init (or later with
 # HOROVOD_DYNAMIC_PROCESS_SETS=1) scopes every collective below to those ranks.
 ProcessSet = _hvd.ProcessSet

@@ -14,6 +14,7 @@ from hvdkeras import _collectives as C
 from hvdkeras import _threads, launching, patches, rendezvous, sync_batch_norm
 from hvdkeras import compression as _compression
 from hvdkeras._checks import env_bool
+from hvdkeras.variables import tf_variable, to_tensor
 
 log = logging.getLogger("hvdkeras")
 
@@ -187,32 +188,13 @@ cross_rank = C.cross_rank
 cross_size = C.cross_size
 
 
-def check_op(op: Any) -> int:
-    """Validates a reduction op (hvdkeras.Average or hvdkeras.Sum).
-
-    Raises:
-        ValueError: any other value.
-    """
-    if op not in C.REDUCE_OPS or isinstance(op, bool):
-        raise ValueError(
-            f"`op` must be hvdkeras.Average or hvdkeras.Sum. Received: op={op!r}"
-        )
-    return op
-
-
-def _to_tensor(value: Any) -> tf.Tensor:
-    if hasattr(value, "value") and isinstance(value.value, tf.Variable):
-        return tf.convert_to_tensor(value.value)
-    return tf.convert_to_tensor(value)
-
-
 def _op_from(average: Any, op: Any) -> int:
     """Horovod's rule: `average` (deprecated) and `op` exclude each other; neither means Average."""
     if average is not None and op is not None:
         raise ValueError(f"Pass `op` or the deprecated `average`, not both. Received: average={average!r}, op={op!r}")
     if average is not None:
         return C.Average if average else C.Sum
-    return C.Average if op is None else check_op(op)
+    return C.Average if op is None else C.check_op(op)
 
 
 def allreduce(
@@ -246,7 +228,7 @@ def allreduce(
     """
     op = _op_from(average, op)
     compressor = _compression.get(compression)
-    t = _to_tensor(value)
+    t = to_tensor(value)
     sent, ctx = compressor.compress(t)
     out = C.allreduce(sent, op=op, prescale_factor=prescale_factor, postscale_factor=postscale_factor, name=name,
                       process_set=process_set)
@@ -256,19 +238,19 @@ def allreduce(
 def reducescatter(value: Any, name: str | None = None, op: int = Average,
                   process_set: Any = C.global_process_set) -> tf.Tensor:
     """Reduces a tensor across workers and gives each its slice of the first axis (Horovod's reducescatter)."""
-    return C.reducescatter(_to_tensor(value), op=check_op(op), name=name, process_set=process_set)
+    return C.reducescatter(to_tensor(value), op=C.check_op(op), name=name, process_set=process_set)
 
 
 def allgather(value: Any, name: str | None = None, process_set: Any = C.global_process_set) -> tf.Tensor:
     """Concatenates every worker's tensor along the first axis (first dimensions may differ)."""
-    return C.allgather(_to_tensor(value), name=name, process_set=process_set)
+    return C.allgather(to_tensor(value), name=name, process_set=process_set)
 
 
 def broadcast(value: Any, root_rank: int = 0, name: str | None = None,
               process_set: Any = C.global_process_set) -> tf.Tensor:
     """Returns root_rank's value of `value` on every worker."""
     _check_root_rank(root_rank)
-    return C.broadcast(_to_tensor(value), root_rank, name=name, process_set=process_set)
+    return C.broadcast(to_tensor(value), root_rank, name=name, process_set=process_set)
 
 
 def broadcast_global_variables(root_rank: int) -> None:
@@ -320,19 +302,6 @@ def _check_root_rank(root_rank: Any) -> None:
         raise ValueError(
             f"`root_rank` must be in [0, size()) = [0, {C.size()}). Received: root_rank={root_rank}"
         )
-
-
-def tf_variable(variable: Any) -> tf.Variable:
-    """The tf.Variable behind a Keras 3 variable (or the tf.Variable itself)."""
-    if isinstance(variable, tf.Variable):
-        return variable
-    inner = getattr(variable, "value", None)
-    if isinstance(inner, tf.Variable):
-        return inner
-    raise TypeError(
-        "Expected a keras.Variable or tf.Variable. "
-        f"Received: variable={variable!r} of type {type(variable).__name__}"
-    )
 
 
 def _describe(variable: Any) -> tuple[str, tuple, str]:

@@ -1,16 +1,16 @@
 """DistributedOptimizer: a Keras 3 optimizer that all-reduces gradients before the inner optimizer applies them.
 
 Keras 3's TensorFlow train step runs `tape.gradient -> optimizer.apply_gradients -> optimizer.apply`, so the
-reduction lives in `apply`. The wrapper holds the inner optimizer the way Keras's own LossScaleOptimizer
-does; the inner optimizer owns the slots, learning rate, schedule and iteration count.
+reduction happens in `apply` (hvdkeras.reduction does it). The wrapper holds the inner optimizer the way
+Keras's own LossScaleOptimizer does: the inner optimizer owns the slots, learning rate, schedule and
+iteration count, and the wrapper's properties read them there.
 """
 
 from __future__ import annotations
 
+import inspect
 import logging
-import math
-import os
-from typing import Any, Sequence
+from typing import Any
 
 import keras
 import tensorflow as tf
@@ -19,16 +19,14 @@ from tensorflow.python.ops import control_flow_util
 
 from hvdkeras import _collectives as C
 from hvdkeras import compression as _compression
-from hvdkeras import patches
-from hvdkeras._checks import check_int, env_int
-from hvdkeras.basics import check_op
+from hvdkeras import patches, reduction
+from hvdkeras._checks import check_number
 from hvdkeras.learning_rate import as_float
+from hvdkeras.reduction import ReductionOptions
 from hvdkeras.strategy import check_strategy
+from hvdkeras.variables import var_id
 
 log = logging.getLogger("hvdkeras")
-
-_OP_NAMES = dict(C.REDUCE_OPS)
-_OPS_BY_NAME = {name: op for op, name in _OP_NAMES.items()}
 
 
 def _check_inner(optimizer: Any) -> None:
@@ -48,88 +46,9 @@ def _check_inner(optimizer: Any) -> None:
             "keras.optimizers.Adam()); tf.keras / Keras 2 optimizers and strings are not accepted. "
             f"Received: optimizer={optimizer!r} of type {type(optimizer).__module__}.{type(optimizer).__name__}"
         )
-
-
-def _check_learning_rate(optimizer: Any) -> None:
-    base = unwrap(optimizer)
-    lr = getattr(base, "_learning_rate", None)
+    lr = getattr(unwrap(optimizer), "_learning_rate", None)
     if isinstance(lr, keras.Variable):
-        value = as_float(lr)
-        if not math.isfinite(value) or value < 0:
-            raise ValueError(
-                "The optimizer's learning rate must be a finite number >= 0. "
-                f"Received: learning_rate={value} on {type(base).__name__}"
-            )
-
-
-def _check_groups(groups: Any) -> Any:
-    if groups is None:
-        return None
-    if isinstance(groups, int) and not isinstance(groups, bool):
-        return check_int("groups", groups)
-    if isinstance(groups, (list, tuple)) and all(isinstance(g, (list, tuple)) for g in groups):
-        seen: set[int] = set()
-        for group in groups:
-            for var in group:
-                key = var_id(var)
-                if key in seen:
-                    raise ValueError(
-                        f"`groups` lists a variable more than once. Received: variable={getattr(var, 'path', var)!r}"
-                    )
-                seen.add(key)
-        return [list(g) for g in groups]
-    raise ValueError(
-        "`groups` must be None, an integer >= 1 or a list of lists of variables. "
-        f"Received: groups={groups!r}"
-    )
-
-
-# Gradients are reduced in buckets of about this many bytes, in the order the backward pass produces them, so
-# the first buckets travel while the rest of the backward pass still runs. Chosen by measurement on two hosts
-# over a shaped link (benchmarks/network_benchmark.py; docs/network.md).
-DEFAULT_BUCKET_BYTES = 64 << 10
-BUCKET_BYTES_ENV = "HVDKERAS_BUCKET_BYTES"
-
-
-def default_bucket_bytes(environ: Any = None) -> int:
-    """The bucket size when none is passed: $HVDKERAS_BUCKET_BYTES, else DEFAULT_BUCKET_BYTES."""
-    return env_int(os.environ if environ is None else environ, BUCKET_BYTES_ENV, DEFAULT_BUCKET_BYTES)
-
-
-def _nbytes(var: Any) -> int:
-    count = 1
-    for dim in var.shape:
-        count *= int(dim)
-    return count * tf.as_dtype(var.dtype).size
-
-
-def gradient_buckets(dense: Sequence[int], variables: Sequence[Any], bucket_bytes: int) -> list[list[int]]:
-    """Cuts the dense gradients' indices into buckets, in the order the backward pass produces them.
-
-    The backward pass runs from the model's last layer to its first, so the buckets take the variables in
-    reverse order; a bucket closes once it holds `bucket_bytes` or more. `bucket_bytes=0` gives one bucket.
-    The result depends only on the variables' order, shapes and dtypes, so it is the same on every worker.
-    """
-    if not dense:
-        return []
-    if not bucket_bytes:
-        return [list(dense)]
-    buckets, current, filled = [], [], 0
-    for i in reversed(dense):
-        current.append(i)
-        filled += _nbytes(variables[i])
-        if filled >= bucket_bytes:
-            buckets.append(current)
-            current, filled = [], 0
-    if current:
-        buckets.append(current)
-    return buckets
-
-
-def var_id(var: Any) -> int:
-    """Identity of a variable, the same for a keras.Variable and the tf.Variable inside it."""
-    inner = getattr(var, "value", None)
-    return id(inner) if isinstance(inner, tf.Variable) else id(var)
+        check_number("learning_rate", as_float(lr), what="a number (the optimizer's learning rate)")
 
 
 def _in_xla_context() -> bool:
@@ -146,8 +65,50 @@ def _wants_loss_scaling(optimizer: Any) -> bool:
     )
 
 
+class _Factory(type):
+    """`DistributedOptimizer(...)` is a factory: around a LossScaleOptimizer, or under the mixed_float16 policy,
+    it makes a DistributedLossScaleOptimizer (a LossScaleOptimizer too, so `compile` does not wrap it again and
+    the finiteness check sees the reduced gradients); otherwise a DistributedOptimizer."""
+
+    def __call__(cls, optimizer: Any = None, *args: Any, **kwargs: Any):
+        if cls is DistributedOptimizer and _wants_loss_scaling(optimizer):
+            cls = DistributedLossScaleOptimizer
+        return super().__call__(optimizer, *args, **kwargs)
+
+
+def _option(name: str) -> property:
+    return property(lambda self: getattr(self.options, name), doc=f"`options.{name}` (read-only).")
+
+
+def _inner(name: str) -> property:
+    def get(self):
+        return getattr(self.inner_optimizer, name)
+
+    def set_(self, value):
+        setattr(self.inner_optimizer, name, value)
+
+    return property(get, set_, doc=f"The inner optimizer's `{name}`.")
+
+
+def _inner_hyperparameters() -> tuple[str, ...]:
+    """The hyperparameters of Keras's own optimizers (momentum, beta_1, rho, ...): the constructor parameters
+    of each keras.optimizers class beyond the base optimizer's, which the wrapper reads on its inner one."""
+    from keras.src.optimizers.base_optimizer import BaseOptimizer
+
+    own = set(inspect.signature(BaseOptimizer.__init__).parameters)
+    own |= set(inspect.signature(LossScaleOptimizer.__init__).parameters) | {"optimizer_map"}
+    names: set[str] = set()
+    for value in vars(keras.optimizers).values():
+        if isinstance(value, type) and issubclass(value, keras.optimizers.Optimizer):
+            names |= set(inspect.signature(value.__init__).parameters) - own
+    return tuple(sorted(names))
+
+
+INNER_HYPERPARAMETERS = _inner_hyperparameters()
+
+
 @keras.saving.register_keras_serializable(package="hvdkeras")
-class DistributedOptimizer(keras.optimizers.Optimizer):
+class DistributedOptimizer(keras.optimizers.Optimizer, metaclass=_Factory):
     """Wraps a Keras 3 optimizer so gradients are averaged across all workers before every update.
 
     Each worker computes gradients on its own shard of the global batch; `apply` all-reduces them (dense
@@ -204,14 +165,6 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
         >>> model.compile(optimizer=opt, loss="sparse_categorical_crossentropy")
     """
 
-    def __new__(cls, optimizer: Any = None, *args: Any, **kwargs: Any):
-        # The one class switch: around a LossScaleOptimizer (or under the mixed_float16 policy) the object is a
-        # DistributedLossScaleOptimizer, which is also a LossScaleOptimizer, so `compile` does not wrap it
-        # again and the finiteness check sees the reduced gradients. Everything else stays this class.
-        if cls is DistributedOptimizer and _wants_loss_scaling(optimizer):
-            cls = DistributedLossScaleOptimizer
-        return super().__new__(cls)
-
     def __init__(
         self,
         optimizer: keras.optimizers.Optimizer,
@@ -232,84 +185,45 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
     ):
         _check_inner(optimizer)
         check_strategy()
-        bucket_bytes = default_bucket_bytes() if bucket_bytes is None else check_int(
-            "bucket_bytes", bucket_bytes, 0, unit="bytes",
-            hint="(0: one allreduce for all gradients, after the whole backward pass)")
-        _check_learning_rate(optimizer)
-        compressor = _compression.get(compression)
-        check_op(op)
-        check_int("backward_passes_per_step", backward_passes_per_step)
-        if not isinstance(gradient_predivide_factor, (int, float)) or isinstance(gradient_predivide_factor, bool) \
-                or not math.isfinite(gradient_predivide_factor) or gradient_predivide_factor <= 0:
-            raise ValueError(
-                "`gradient_predivide_factor` must be a finite number > 0. "
-                f"Received: gradient_predivide_factor={gradient_predivide_factor!r}"
-            )
-        if gradient_predivide_factor != 1.0 and op != C.Average:
-            raise ValueError(
-                "`gradient_predivide_factor` other than 1.0 requires op=hvdkeras.Average. "
-                f"Received: op={_OP_NAMES[op]}, gradient_predivide_factor={gradient_predivide_factor}"
-            )
-        check_int("num_groups", num_groups, 0)
-        if num_groups and groups is not None:
-            raise ValueError(f"Pass `groups` or the deprecated `num_groups`, not both. Received: num_groups="
-                             f"{num_groups}, groups={groups!r}")
-        groups = _check_groups(num_groups or groups)
-        if not isinstance(process_set, C.ProcessSet):
-            raise TypeError(f"`process_set` must be an hvdkeras.ProcessSet. Received: process_set={process_set!r}")
+        options = ReductionOptions.from_horovod(
+            num_groups=num_groups, groups=groups, device_dense=device_dense, device_sparse=device_sparse,
+            compression=compression, sparse_as_dense=sparse_as_dense,
+            gradient_predivide_factor=gradient_predivide_factor, op=op,
+            backward_passes_per_step=backward_passes_per_step,
+            average_aggregated_gradients=average_aggregated_gradients, process_set=process_set,
+            scale_local_gradients=scale_local_gradients, bucket_bytes=bucket_bytes)
         if isinstance(self, LossScaleOptimizer) and not isinstance(optimizer, LossScaleOptimizer):
             log.info("hvdkeras: mixed_float16 policy: wrapping %s in a LossScaleOptimizer", optimizer.name)
             optimizer = LossScaleOptimizer(optimizer)
-
-        # Not super().__init__: for DistributedLossScaleOptimizer the next class in the MRO is
-        # LossScaleOptimizer, whose constructor would wrap the inner optimizer a second time.
-        keras.optimizers.Optimizer.__init__(
-            self, learning_rate=0.0, name=name or f"distributed_{optimizer.name}"
-        )
+        # The base optimizer's constructor, named: for DistributedLossScaleOptimizer the next class in the MRO
+        # is LossScaleOptimizer, whose constructor would wrap the inner optimizer a second time.
+        keras.optimizers.Optimizer.__init__(self, learning_rate=0.0, name=name or f"distributed_{optimizer.name}")
         self.inner_optimizer = optimizer
+        self.options = options
         install_compile_config()
-        self.compression = compressor
-        self.op = op
-        self.backward_passes_per_step = backward_passes_per_step
-        self.average_aggregated_gradients = bool(average_aggregated_gradients)
-        self.sparse_as_dense = bool(sparse_as_dense)
-        self.gradient_predivide_factor = float(gradient_predivide_factor)
-        self.device_dense = device_dense
-        self.device_sparse = device_sparse
-        self.process_set = process_set
-        self.scale_local_gradients = bool(scale_local_gradients)
-        self._groups = groups
-        self.bucket_bytes = bucket_bytes
         self._local_vars: list = []
         self._local_layers: list = []
         self._accumulators: list = []
         self._pass_counter = None
 
-    def register_local_var(self, var: Any) -> None:
-        """Keeps `var` local to each worker, as Horovod's `register_local_var`: its gradient is not reduced
-        (and is divided by the number of workers when `scale_local_gradients`)."""
-        if not isinstance(var, (keras.Variable, tf.Variable)):
-            raise TypeError(f"`var` must be a keras.Variable or tf.Variable. Received: var={var!r}")
-        self._local_vars.append(var)
+    # --------------------------------------------------------------------------- the options, read-only
+    compression = _option("compression")
+    op = _option("op")
+    backward_passes_per_step = _option("backward_passes_per_step")
+    average_aggregated_gradients = _option("average_aggregated_gradients")
+    sparse_as_dense = _option("sparse_as_dense")
+    gradient_predivide_factor = _option("gradient_predivide_factor")
+    groups = _option("groups")
+    device_dense = _option("device_dense")
+    device_sparse = _option("device_sparse")
+    process_set = _option("process_set")
+    scale_local_gradients = _option("scale_local_gradients")
+    bucket_bytes = _option("bucket_bytes")
 
-    def _local_ids(self) -> set[int]:
-        # Layers given to PartialDistributedOptimizer may be built after it was created (Keras 3 builds
-        # models lazily): their variables are looked up when gradients are reduced.
-        variables = self._local_vars + [v for layer in self._local_layers for v in layer.trainable_weights]
-        return {var_id(v) for v in variables}
-
-    # ----------------------------------------------------------------- state delegated to the inner optimizer
-    @property
-    def learning_rate(self):
-        return self.inner_optimizer.learning_rate
-
-    @learning_rate.setter
-    def learning_rate(self, learning_rate):
-        self.inner_optimizer.learning_rate = learning_rate
-
-    @property
-    def iterations(self):
-        return self.inner_optimizer.iterations
+    # ----------------------------------------------------------------- state held by the inner optimizer
+    learning_rate = _inner("learning_rate")
+    iterations = property(lambda self: self.inner_optimizer.iterations,
+                          doc="The inner optimizer's iteration count.")
 
     @property
     def variables(self):
@@ -334,17 +248,19 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
     def exclude_from_weight_decay(self, var_list=None, var_names=None):
         self.inner_optimizer.exclude_from_weight_decay(var_list=var_list, var_names=var_names)
 
-    def __getattr__(self, name: str):
-        # Only reached when normal lookup fails: expose the inner optimizer's hyperparameters
-        # (momentum, beta_1, ...) the way users read them on the optimizer they passed in.
-        if hasattr(type(self), name):
-            # A property of ours raised AttributeError inside: show that error, not the inner optimizer's.
-            return object.__getattribute__(self, name)
-        inner = self.__dict__.get("inner_optimizer")
-        if name.startswith("_") or inner is None or not hasattr(inner, name):
-            wrapped = f" (nor has the {type(inner).__name__} it wraps)" if inner is not None else ""
-            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}{wrapped}")
-        return getattr(inner, name)
+    # --------------------------------------------------------------------------------- local variables
+    def register_local_var(self, var: Any) -> None:
+        """Keeps `var` local to each worker, as Horovod's `register_local_var`: its gradient is not reduced
+        (and is divided by the number of workers when `scale_local_gradients`)."""
+        if not isinstance(var, (keras.Variable, tf.Variable)):
+            raise TypeError(f"`var` must be a keras.Variable or tf.Variable. Received: var={var!r}")
+        self._local_vars.append(var)
+
+    def _local_ids(self) -> set[int]:
+        # Layers given to PartialDistributedOptimizer may be built after it was created (Keras 3 builds
+        # models lazily): their variables are looked up when gradients are reduced.
+        variables = self._local_vars + [v for layer in self._local_layers for v in layer.trainable_weights]
+        return {var_id(v) for v in variables}
 
     # ------------------------------------------------------------------------------------------ building
     def build(self, var_list):
@@ -358,7 +274,7 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
             ]
         if not self.inner_optimizer.built:  # e.g. restored by load_model, then wrapped
             self.inner_optimizer.build(var_list)
-        # Explicit base call, as in __init__: skip LossScaleOptimizer.build for the loss-scale variant.
+        # The base optimizer's build, named, as in __init__: not LossScaleOptimizer.build for the loss-scale variant.
         keras.optimizers.Optimizer.build(self, var_list)
 
     # ------------------------------------------------------------------------------------------ applying
@@ -424,144 +340,57 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
             count_pass,
         )
 
-    def reduce_gradients(self, grads: Sequence[Any], variables: Sequence[Any]) -> list:
+    def reduce_gradients(self, grads: Any, variables: Any) -> list:
         """All-reduces a list of gradients (None entries pass through) and returns the reduced list."""
-        out = list(grads)
-        dense, sparse = [], []
-        local = self._local_ids() if (self._local_vars or self._local_layers) else set()
-        for i, g in enumerate(out):
-            if g is None:
-                continue
-            if local and var_id(variables[i]) in local:
-                if self.scale_local_gradients:
-                    out[i] = self._scale_local(g)
-                continue
-            if isinstance(g, tf.IndexedSlices):
-                if self.sparse_as_dense:
-                    out[i] = tf.convert_to_tensor(g)
-                    dense.append(i)
-                else:
-                    sparse.append(i)
-            else:
-                dense.append(i)
-        for k, group in enumerate(self._dense_groups(dense, variables)):
-            self._reduce_dense(out, group, name=f"hvdkeras.gradients.{k}")
-        for i in sparse:
-            out[i] = self._reduce_sparse(out[i], name=f"hvdkeras.gradients.sparse.{i}")
-        return out
-
-    def _dense_groups(self, dense: list[int], variables: Sequence[Any]) -> list[list[int]]:
-        if self._groups is None:
-            groups = gradient_buckets(dense, variables, self.bucket_bytes)
-        elif isinstance(self._groups, int):
-            n = min(self._groups, len(dense)) or 1
-            step, extra = divmod(len(dense), n)
-            groups, start = [], 0
-            for k in range(n):
-                end = start + step + (1 if k < extra else 0)
-                groups.append(dense[start:end])
-                start = end
-        else:
-            where = {}
-            for gi, group in enumerate(self._groups):
-                for var in group:
-                    where[var_id(var)] = gi
-            by_group: dict[int, list[int]] = {}
-            singles = []
-            for i in dense:
-                gi = where.get(var_id(variables[i]))
-                if gi is None:
-                    singles.append([i])
-                else:
-                    by_group.setdefault(gi, []).append(i)
-            groups = [by_group[k] for k in sorted(by_group)] + singles
-        # Horovod fuses only tensors of one dtype per grouped call: split each group by dtype.
-        split = []
-        for group in groups:
-            by_dtype: dict[Any, list[int]] = {}
-            for i in group:
-                by_dtype.setdefault(variables[i].dtype, []).append(i)
-            split.extend(by_dtype.values())
-        return [g for g in split if g]
-
-    def _scale_local(self, grad):
-        size = tf.cast(C.size_tensor(self.process_set), grad.dtype)
-        if isinstance(grad, tf.IndexedSlices):
-            return tf.IndexedSlices(grad.values / size, grad.indices, dense_shape=grad.dense_shape)
-        return grad / size
-
-    def _scale_factors(self) -> tuple[float, float]:
-        if self.op == C.Average:
-            return 1.0 / self.gradient_predivide_factor, self.gradient_predivide_factor
-        return 1.0, 1.0
-
-    def _reduce_dense(self, out: list, indices: list[int], name: str) -> None:
-        sent, ctxs = [], []
-        for i in indices:
-            t, ctx = self.compression.compress(tf.convert_to_tensor(out[i]))
-            sent.append(t)
-            ctxs.append(ctx)
-        pre, post = self._scale_factors()
-        with tf.device(self.device_dense):
-            reduced = C.grouped_allreduce(sent, op=self.op, prescale_factor=pre, postscale_factor=post, name=name,
-                                          process_set=self.process_set)
-        for i, t, ctx in zip(indices, reduced, ctxs):
-            out[i] = self.compression.decompress(t, ctx)
-
-    def _reduce_sparse(self, grad: tf.IndexedSlices, name: str) -> tf.IndexedSlices:
-        with tf.device(self.device_sparse):
-            values = C.allgather(grad.values, name=f"{name}.values", process_set=self.process_set)
-            indices = C.allgather(grad.indices, name=f"{name}.indices", process_set=self.process_set)
-        if self.op == C.Average:
-            values = values / tf.cast(C.size_tensor(self.process_set), values.dtype)
-        return tf.IndexedSlices(values, indices, dense_shape=grad.dense_shape)
+        local = self._local_ids() if (self._local_vars or self._local_layers) else frozenset()
+        return reduction.reduce_gradients(grads, variables, self.options, local)
 
     # ------------------------------------------------------------------------------------- serialization
     def get_config(self):
-        if self._groups is not None and not isinstance(self._groups, int):
+        if self.groups is not None and not isinstance(self.groups, int):
             log.warning("hvdkeras: `groups` given as lists of variables is not saved with the optimizer")
-        return {
-            "name": self.name,
-            "optimizer": keras.saving.serialize_keras_object(self.inner_optimizer),
-            "compression": _compression.name_of(self.compression),
-            "op": _OP_NAMES[self.op],
-            "backward_passes_per_step": self.backward_passes_per_step,
-            "average_aggregated_gradients": self.average_aggregated_gradients,
-            "sparse_as_dense": self.sparse_as_dense,
-            "gradient_predivide_factor": self.gradient_predivide_factor,
-            "groups": self._groups if isinstance(self._groups, int) else None,
-            "bucket_bytes": self.bucket_bytes,
-        }
+        return {"name": self.name, "optimizer": keras.saving.serialize_keras_object(self.inner_optimizer),
+                **self.options.to_config()}
 
     @classmethod
     def from_config(cls, config, custom_objects=None):
         config = dict(config)
         inner = keras.saving.deserialize_keras_object(config.pop("optimizer"), custom_objects=custom_objects)
         op = config.pop("op", "Average")
-        config["op"] = _OPS_BY_NAME[op] if isinstance(op, str) else op
+        config["op"] = reduction.OPS_BY_NAME[op] if isinstance(op, str) else op
         return cls(inner, **config)
 
 
-def PartialDistributedOptimizer(  # noqa: N802 - Horovod's name for this factory
-    optimizer: keras.optimizers.Optimizer,
-    name: str | None = None,
-    device_dense: str = "",
-    device_sparse: str = "",
-    compression: Any = _compression.Compression.none,
-    sparse_as_dense: bool = False,
-    gradient_predivide_factor: float = 1.0,
-    op: int = C.Average,
-    groups: Any = None,
-    process_set: Any = C.global_process_set,
-    local_layers: Any = None,
-    scale_local_gradients: bool = True,
-    bucket_bytes: int | None = None,
-) -> DistributedOptimizer:
+# momentum, beta_1, rho, ...: read (and set) on the optimizer the user passed in.
+for _name in INNER_HYPERPARAMETERS:
+    if hasattr(DistributedOptimizer, _name):
+        raise RuntimeError(f"Keras optimizers' hyperparameter {_name!r} is also an attribute of DistributedOptimizer")
+    setattr(DistributedOptimizer, _name, _inner(_name))
+del _name
+
+
+# Horovod's PartialDistributedOptimizer parameters: DistributedOptimizer's, less those it does not take,
+# with `local_layers` before `scale_local_gradients`, as in horovod.keras.
+def _partial_signature() -> inspect.Signature:
+    params = dict(inspect.signature(DistributedOptimizer.__init__).parameters)
+    for name in ("self", "backward_passes_per_step", "average_aggregated_gradients", "num_groups"):
+        del params[name]
+    ordered = list(params.values())
+    at = [p.name for p in ordered].index("scale_local_gradients")
+    local = inspect.Parameter("local_layers", inspect.Parameter.POSITIONAL_OR_KEYWORD, default=None)
+    return inspect.Signature([*ordered[:at], local, *ordered[at:]], return_annotation=DistributedOptimizer)
+
+
+_PARTIAL_SIGNATURE = _partial_signature()
+
+
+def PartialDistributedOptimizer(*args: Any, **kwargs: Any) -> DistributedOptimizer:  # noqa: N802 - Horovod's name
     """A DistributedOptimizer whose `local_layers` keep their own weights on each worker (Horovod's).
 
     The gradients of the local layers' trainable weights are not reduced; everything else is averaged as
     usual. Pass the same variables to `BroadcastGlobalVariablesCallback(local_variables=...)` so the
-    broadcast leaves them too.
+    broadcast leaves them too. The parameters are Horovod's, in its order: DistributedOptimizer's, less
+    `backward_passes_per_step`, `average_aggregated_gradients` and `num_groups`, with `local_layers`.
 
     Args:
         local_layers: a keras.layers.Layer or a list of them (None: same as DistributedOptimizer).
@@ -573,19 +402,20 @@ def PartialDistributedOptimizer(  # noqa: N802 - Horovod's name for this factory
     Example:
         >>> opt = hvdkeras.PartialDistributedOptimizer(keras.optimizers.SGD(0.1), local_layers=[model.layers[-1]])
     """
+    arguments = _PARTIAL_SIGNATURE.bind(*args, **kwargs).arguments
+    local_layers = arguments.pop("local_layers", None)
     if local_layers is None:
         local_layers = []
     elif isinstance(local_layers, keras.layers.Layer):
         local_layers = [local_layers]
     if not all(isinstance(layer, keras.layers.Layer) for layer in local_layers):
         raise ValueError(f"`local_layers` must be Keras layers. Received: local_layers={local_layers!r}")
-    opt = DistributedOptimizer(optimizer, name=name, device_dense=device_dense, device_sparse=device_sparse,
-                               compression=compression, sparse_as_dense=sparse_as_dense,
-                               gradient_predivide_factor=gradient_predivide_factor, op=op, groups=groups,
-                               process_set=process_set, scale_local_gradients=scale_local_gradients,
-                               bucket_bytes=bucket_bytes)
+    opt = DistributedOptimizer(**arguments)
     opt._local_layers = list(local_layers)
     return opt
+
+
+PartialDistributedOptimizer.__signature__ = _PARTIAL_SIGNATURE
 
 
 def install_compile_config() -> None:
@@ -648,46 +478,3 @@ def unwrap(optimizer: Any, loss_scale: bool = True) -> Any:
     while isinstance(optimizer, layers):
         optimizer = optimizer.inner_optimizer
     return optimizer
-
-
-def held_optimizers(model: Any) -> dict[str, Any]:
-    """The optimizers a model holds, by attribute: `optimizer` (what `compile` got) first, then any other
-    attribute holding one, such as a GAN's `d_optimizer` and `g_optimizer` that its own `compile` keeps."""
-    found: dict[str, Any] = {}
-    seen: set[int] = set()
-    candidates = [("optimizer", getattr(model, "optimizer", None)), *sorted(vars(model).items(), key=lambda kv: kv[0])]
-    for name, value in candidates:
-        if isinstance(value, keras.optimizers.Optimizer) and id(value) not in seen:
-            seen.add(id(value))
-            found[name] = value
-    return found
-
-
-_xla_warned = False
-
-
-def ensure_not_jit_compiled(model: Any) -> bool:
-    """Turns XLA off for a model with a distributed optimizer; Horovod's ops cannot be XLA-compiled.
-
-    Call before the model's train function is made (callbacks do it in `set_model`). Warns once.
-
-    Returns:
-        True when XLA was turned off.
-    """
-    global _xla_warned
-    if not any(isinstance(o, DistributedOptimizer) for o in held_optimizers(model).values()):
-        return False
-    if not getattr(model, "jit_compile", False):
-        return False
-    model.jit_compile = False
-    for attr in ("train_function", "test_function", "predict_function"):
-        if getattr(model, attr, None) is not None:
-            setattr(model, attr, None)
-    if not _xla_warned:
-        _xla_warned = True
-        log.warning(
-            "hvdkeras: XLA (jit_compile) turned off for model %r: Horovod's collectives cannot be "
-            "compiled by XLA. Compile with jit_compile=False to silence this warning.",
-            getattr(model, "name", model),
-        )
-    return True

@@ -35,7 +35,8 @@ from hvdkeras import data, keras_output, patches, rank_zero, saving, strategy, s
 from hvdkeras._checks import check_int, env_bool, env_int
 from hvdkeras.compression import Compression
 from hvdkeras.learning_rate import RULES, as_float, scale_factor, scale_learning_rate
-from hvdkeras.optimizer import DistributedOptimizer, held_optimizers, unwrap
+from hvdkeras.models import held_optimizers
+from hvdkeras.optimizer import DistributedOptimizer, unwrap
 
 log = logging.getLogger("hvdkeras")
 

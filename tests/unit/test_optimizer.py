@@ -349,7 +349,7 @@ def test_horovod_positional_order_and_deprecated_num_groups(monkeypatch):
     opt = DistributedOptimizer(keras.optimizers.SGD(0.1), "dist", "", "", hvdkeras_module().Compression.fp16, False,
                                1.0, C.Sum, 2, True, 3)
     assert (opt.name, opt.compression, opt.op, opt.backward_passes_per_step, opt.average_aggregated_gradients,
-            opt._groups) == ("dist", hvdkeras_module().Compression.fp16, C.Sum, 2, True, 3)
+            opt.groups) == ("dist", hvdkeras_module().Compression.fp16, C.Sum, 2, True, 3)
     with pytest.raises(ValueError, match="not both"):
         DistributedOptimizer(keras.optimizers.SGD(0.1), num_groups=2, groups=2)
     with pytest.raises(TypeError, match="must be an hvdkeras.ProcessSet. Received: process_set=\\[0\\]"):

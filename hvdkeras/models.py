@@ -1,0 +1,55 @@
+"""What hvdkeras needs to know about a Keras model: the optimizers it holds, and turning its XLA off."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import keras
+
+from hvdkeras.optimizer import DistributedOptimizer
+
+log = logging.getLogger("hvdkeras")
+
+
+def held_optimizers(model: Any) -> dict[str, Any]:
+    """The optimizers a model holds, by attribute: `optimizer` (what `compile` got) first, then any other
+    attribute holding one, such as a GAN's `d_optimizer` and `g_optimizer` that its own `compile` keeps."""
+    found: dict[str, Any] = {}
+    seen: set[int] = set()
+    candidates = [("optimizer", getattr(model, "optimizer", None)), *sorted(vars(model).items(), key=lambda kv: kv[0])]
+    for name, value in candidates:
+        if isinstance(value, keras.optimizers.Optimizer) and id(value) not in seen:
+            seen.add(id(value))
+            found[name] = value
+    return found
+
+
+_xla_warned = False
+
+
+def ensure_not_jit_compiled(model: Any) -> bool:
+    """Turns XLA off for a model with a distributed optimizer; Horovod's ops cannot be XLA-compiled.
+
+    Call before the model's train function is made (callbacks do it in `set_model`). Warns once.
+
+    Returns:
+        True when XLA was turned off.
+    """
+    global _xla_warned
+    if not any(isinstance(o, DistributedOptimizer) for o in held_optimizers(model).values()):
+        return False
+    if not getattr(model, "jit_compile", False):
+        return False
+    model.jit_compile = False
+    for attr in ("train_function", "test_function", "predict_function"):
+        if getattr(model, attr, None) is not None:
+            setattr(model, attr, None)
+    if not _xla_warned:
+        _xla_warned = True
+        log.warning(
+            "hvdkeras: XLA (jit_compile) turned off for model %r: Horovod's collectives cannot be "
+            "compiled by XLA. Compile with jit_compile=False to silence this warning.",
+            getattr(model, "name", model),
+        )
+    return True
