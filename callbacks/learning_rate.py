@@ -9,7 +9,7 @@ import keras
 
 from hvdkeras import _collectives as C
 from hvdkeras import rank_zero
-from hvdkeras._checks import check_int
+from hvdkeras._checks import check_int, check_number
 from hvdkeras.learning_rate import as_float, check_learning_rate
 from hvdkeras.optimizer import unwrap
 
@@ -117,8 +117,7 @@ class LearningRateScheduleCallback(HvdCallback):
 
 
 def _check_epoch(name, value):
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
-        raise ValueError(f"`{name}` must be a number >= 0. Received: {name}={value!r}")
+    check_number(name, value, what="a number of epochs")
 
 
 class LearningRateWarmupCallback(LearningRateScheduleCallback):

@@ -28,6 +28,7 @@ import tensorflow as tf
 from hvdkeras import _collectives as C
 from hvdkeras import basics
 from hvdkeras._checks import check_int
+from hvdkeras.failures import lost_peer
 from hvdkeras.learning_rate import as_float, scale_factor
 from hvdkeras.optimizer import unwrap
 
@@ -185,7 +186,8 @@ class CommitStateCallback(keras.callbacks.Callback):
 
 def _is_collective_failure(err: BaseException) -> bool:
     message = str(getattr(err, "message", err))
-    return "Horovod" in message or "hvdkeras." in message or "Gloo" in message or "gloo" in message
+    # A lost peer, or any error raised inside one of Horovod's ops or hvdkeras's named collectives.
+    return lost_peer(message) or "Horovod" in message or "hvdkeras." in message
 
 
 def run(func: Callable[..., Any]) -> Callable[..., Any]:

@@ -8,7 +8,7 @@ from typing import Any
 import keras
 
 from hvdkeras import _collectives as C
-from hvdkeras._checks import check_int
+from hvdkeras._checks import check_int, check_number
 
 RULES = ("linear", "sqrt", "none")
 
@@ -44,8 +44,7 @@ def check_learning_rate(name: str, value: Any) -> float:
         number = as_float(value)
     except TypeError:
         raise TypeError(f"`{name}` must be a number. Received: {name}={value!r}") from None
-    if not math.isfinite(number) or number < 0:
-        raise ValueError(f"`{name}` must be a finite number >= 0. Received: {name}={value!r}")
+    check_number(name, number, error=ValueError)
     return number
 
 

@@ -16,12 +16,11 @@ import sys
 import threading
 import time
 
+from hvdkeras.failures import lost_peer
+
 _FAILED = re.compile(rb"^Process (\d+) exit with status code (-?\d+)")
 
 
-# What a worker prints when it fails only because another one did (its collectives were torn down).
-_COLLATERAL = (b"Horovod has been shut down", b"Connection reset by peer", b"Connection closed by peer",
-               b"Timed out waiting")
 _RANK_LINE = re.compile(rb"^\[(\d+)\]<std(?:out|err)>:")
 _TRACEBACK = b"Traceback (most recent call last)"
 
@@ -44,7 +43,7 @@ class FailureTracker:
         rank_line = _RANK_LINE.match(line)
         if rank_line:
             rank = int(rank_line.group(1))
-            if any(marker in line for marker in _COLLATERAL):
+            if lost_peer(line):  # it failed only because another one did
                 self.collateral.add(rank)
             elif _TRACEBACK in line and rank not in self.raised:
                 self.raised.append(rank)

@@ -32,7 +32,7 @@ import tensorflow as tf
 from hvdkeras import _collectives as C
 from hvdkeras import callbacks as hvd_callbacks
 from hvdkeras import data, keras_output, patches, rank_zero, saving, strategy, sync_batch_norm
-from hvdkeras._checks import check_int, env_bool, env_int
+from hvdkeras._checks import check_int, check_number, env_bool, env_int
 from hvdkeras.compression import Compression
 from hvdkeras.learning_rate import RULES, as_float, scale_factor, scale_learning_rate
 from hvdkeras.models import held_optimizers
@@ -75,9 +75,7 @@ class Options:
             raise ValueError(f"`batch` must be one of {BATCH_CONVENTIONS}. Received: batch={self.batch!r}")
         if self.lr_scaling is not None and self.lr_scaling not in RULES:
             raise ValueError(f"`lr_scaling` must be one of {RULES}. Received: lr_scaling={self.lr_scaling!r}")
-        if isinstance(self.warmup_epochs, bool) or not isinstance(self.warmup_epochs, (int, float)) \
-                or not np.isfinite(self.warmup_epochs) or self.warmup_epochs < 0:
-            raise ValueError(f"`warmup_epochs` must be a number >= 0. Received: warmup_epochs={self.warmup_epochs!r}")
+        check_number("warmup_epochs", self.warmup_epochs, what="a number of epochs")
         check_int("backward_passes_per_step", self.backward_passes_per_step)
 
     @property

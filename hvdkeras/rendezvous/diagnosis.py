@@ -12,10 +12,9 @@ import sys
 import threading
 from typing import Any, Mapping
 
+from hvdkeras.failures import lost_peer
+
 _PROBE_TIMEOUT = 2.0
-# What a worker's error says when a collective failed because a peer went away or the network did.
-_LOST_PEER_MARKERS = ("Horovod has been shut down", "Gloo", "gloo", "Connection reset", "Connection closed",
-                      "Timed out", "timed out", "HorovodInternalError", "Connection refused", "No route to host")
 
 
 class Probe:
@@ -76,7 +75,7 @@ def install_excepthook(peers: Mapping[int, Mapping[str, Any]], me: int) -> None:
         while seen is not None and len(text) < 8:
             text.append(f"{type(seen).__name__}: {seen}")
             seen = seen.__cause__ or seen.__context__
-        if not any(marker in " ".join(text) for marker in _LOST_PEER_MARKERS):
+        if not lost_peer(" ".join(text)):
             return
         lost = unreachable_peers(peers, me)
         if lost:
