@@ -198,7 +198,7 @@ def allgather_object(obj: Any, name: str | None = None) -> list:
 
 
 def barrier() -> None:
-    """Returns once every worker has called it (not counted as a reduction)."""
+    """Returns once every worker has called it."""
     _require_init()
     _hvd.allreduce(tf.constant(0, dtype=tf.int32), op=Sum, name="hvdkeras.barrier", ignore_name_scope=True)
 

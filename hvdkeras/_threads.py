@@ -22,10 +22,6 @@ VARIABLE = "HVDKERAS_HOROVOD_NICE"
 MULTI_HOST_NICE = -15
 TASKS = "/proc/self/task"
 
-# The threads the last start of Horovod started and reniced (their ids), for reports and tests.
-prioritized: list[int] = []
-
-
 def thread_ids() -> set[int]:
     """This process's threads (Linux); empty elsewhere, where nothing is reniced."""
     try:
@@ -70,9 +66,9 @@ def start_prioritized(start: Callable[[], Any], nice: int | None) -> list[int]:
     """
     before = thread_ids()
     start()
-    prioritized[:] = []
     if nice is None:
         return []
+    prioritized = []
     for tid in sorted(thread_ids() - before):
         try:
             os.setpriority(os.PRIO_PROCESS, tid, nice)
@@ -83,4 +79,4 @@ def start_prioritized(start: Callable[[], Any], nice: int | None) -> list[int]:
                      "RLIMIT_NICE that allows it (%s=none leaves them without trying)", nice, VARIABLE)
             break
         prioritized.append(tid)
-    return list(prioritized)
+    return prioritized

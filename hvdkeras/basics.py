@@ -102,13 +102,14 @@ def horovod_defaults(environ: Any) -> dict[str, str]:
     return {}
 
 
-def _start_horovod(comm: Any, process_sets: Any) -> None:
+def _start_horovod(comm: Any, process_sets: Any) -> list[int]:
+    """Starts Horovod; returns the ids of its threads that were given the nice value (see _threads)."""
     nice = _threads.horovod_nice(os.environ, _spans_hosts(os.environ))  # a bad value fails before the start
     defaults = horovod_defaults(os.environ)
     if defaults:
         log.info("hvdkeras: the job spans hosts: %s", defaults)
         os.environ.update(defaults)
-    _threads.start_prioritized(lambda: C.init(comm=comm, process_sets=process_sets), nice)
+    return _threads.start_prioritized(lambda: C.init(comm=comm, process_sets=process_sets), nice)
 
 
 def restart_horovod() -> None:

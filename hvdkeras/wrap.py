@@ -380,12 +380,23 @@ def _as_hvd_backup(cb: keras.callbacks.BackupAndRestore) -> hvd_callbacks.Backup
 
 
 class _StepCounter(keras.callbacks.Callback):
+    """--report-dir only: counts a fit's steps and, at its end, writes the worker's report."""
+
     def __init__(self):
         super().__init__()
         self.steps = 0
 
     def on_train_batch_end(self, batch, logs=None):
         self.steps += 1
+
+    def on_train_end(self, logs=None):
+        _state["fits"].append(self.steps)
+        _report(self.model)
+
+
+def _with_report(callbacks: list) -> list:
+    """The fit's callbacks, with a step counter last when --report-dir asks for reports."""
+    return callbacks + [_StepCounter()] if _opts().report_dir else callbacks
 
 
 class _MovingStatistics(keras.callbacks.Callback):
@@ -445,12 +456,8 @@ def _fit(original, model, *args, **kwargs):
     kwargs = _named(original, args, kwargs)
     if getattr(model, "_hvdkeras_explicit", False):
         # The script's own data, callbacks and verbosity; only the steps are counted for --report-dir.
-        counter = _StepCounter()
-        kwargs["callbacks"] = list(kwargs.get("callbacks") or []) + [counter]
-        history = original(model, **kwargs)
-        _state["fits"].append(counter.steps)
-        _report(model)
-        return history
+        kwargs["callbacks"] = _with_report(list(kwargs.get("callbacks") or []))
+        return original(model, **kwargs)
     _distribute_held_optimizers(model)
     if not opts.no_shard:
         kwargs = _sharded_fit_inputs(kwargs, opts.batch)
@@ -461,15 +468,11 @@ def _fit(original, model, *args, **kwargs):
     warm_lr = getattr(model, "_hvdkeras_warmup_lr", None)
     if warm_lr is not None and C.size() > 1:
         ours.append(_Warmup(warm_lr, warmup_epochs=opts.warmup_epochs))
-    counter = _StepCounter()
     # Ours first: their results (global metrics, identical weights) are what the script's callbacks see.
-    kwargs["callbacks"] = ours + callbacks + [counter]
+    kwargs["callbacks"] = _with_report(ours + callbacks)
     if not rank_zero.is_rank_zero():
         kwargs["verbose"] = 0
-    history = original(model, **kwargs)
-    _state["fits"].append(counter.steps)
-    _report(model)
-    return history
+    return original(model, **kwargs)
 
 
 def _model_input_ranks(model) -> list[int]:
@@ -552,9 +555,6 @@ def weights_digest(arrays: Any) -> str:
 def _report(model) -> None:
     """--report-dir: each worker writes rankN.json with its steps per fit and the digest of its final weights,
     so a job's own CI can check that the workers stayed one job without changing the script."""
-    directory = _opts().report_dir
-    if not directory:
-        return
-    saving.write_json_atomically(os.path.join(directory, f"rank{C.rank()}.json"),
+    saving.write_json_atomically(os.path.join(_opts().report_dir, f"rank{C.rank()}.json"),
                                  {"rank": C.rank(), "size": C.size(), "fit_steps": list(_state["fits"]),
                                   "weights_sha256": weights_digest(model.get_weights())})

@@ -29,6 +29,10 @@ parser.add_argument("--report-dir", required=True)
 parser.add_argument("--out-dir", required=True)
 args = parser.parse_args()
 
+# The ids of the threads that starting Horovod reniced, recorded from hvdkeras's own call.
+reniced: list[int] = []
+_start_prioritized = _threads.start_prioritized
+_threads.start_prioritized = lambda start, nice: reniced.extend(_start_prioritized(start, nice)) or list(reniced)
 hvd.init()
 (x, y), _ = load()
 train = hvd.data.shard(tf.data.Dataset.from_tensor_slices((x, y))).batch(args.batch_size)
@@ -65,6 +69,6 @@ with open(os.path.join(args.report_dir, f"rank{hvd.rank()}.json"), "w") as f:
     json.dump({"rank": hvd.rank(), "size": hvd.size(), "local_rank": hvd.local_rank(), "cross_size": hvd.cross_size(),
                "horovod_cycle_time": os.environ.get("HOROVOD_CYCLE_TIME"),
                # The priority of the threads Horovod started that still run, and of this (the training) thread.
-               "horovod_threads_nice": live_nice(_threads.prioritized),
+               "horovod_threads_nice": live_nice(reniced),
                "main_thread_nice": os.getpriority(os.PRIO_PROCESS, 0),
                "fit_steps": [CountSteps.steps], "weights_sha256": weights_digest(model.get_weights())}, f)
