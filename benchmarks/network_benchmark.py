@@ -242,7 +242,7 @@ def summarize(k3: dict, k2: dict, nbytes: int) -> dict:
 
 
 def _default_bucket_bytes() -> int:
-    from hvdkeras.reduction import DEFAULT_BUCKET_BYTES
+    from hvdkeras.settings import DEFAULT_BUCKET_BYTES
 
     return DEFAULT_BUCKET_BYTES
 

@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import logging
-import os
 
 import keras
 import tensorflow as tf
 
-from hvdkeras import basics
-from hvdkeras._checks import check_int, env_bool
+from hvdkeras import basics, settings
+from hvdkeras._checks import check_int
 from hvdkeras.models import held_optimizers
 from hvdkeras.optimizer import DistributedOptimizer
 from hvdkeras.variables import var_id
@@ -175,7 +174,7 @@ class BroadcastGlobalVariablesCallback(HvdCallback):
 
     def _checking(self) -> bool:
         if self.check_models is None:
-            return env_bool(os.environ, "HVDKERAS_CHECK_MODELS", default=True)
+            return settings.read().check_models
         return bool(self.check_models)
 
     def on_train_begin(self, logs=None):

@@ -35,6 +35,9 @@ _API = {
     "hvdkeras.sync_batch_norm": ("SyncBatchNormalization",),
     "hvdkeras._compat": ("is_version_greater_equal_than",),
 }
+# Submodules that import no TensorFlow (the `hvdkeras` command's): `from hvdkeras import settings` in them must
+# not run the version check, which imports TensorFlow.
+_PLAIN = frozenset({"cli", "command", "failures", "launching", "rendezvous", "settings", "supervision"})
 _WHERE = {name: module for module, names in _API.items() for name in names}
 __all__ = sorted([*_WHERE, "callbacks", "data", "elastic"])
 _checked = False
@@ -60,7 +63,8 @@ def __getattr__(name: str):
         _check_installed_once()
         value = getattr(importlib.import_module(_WHERE[name]), name)
     elif importlib.util.find_spec(f"hvdkeras.{name}") is not None:  # a submodule: callbacks, data, elastic, ...
-        _check_installed_once()
+        if name not in _PLAIN:
+            _check_installed_once()
         value = importlib.import_module(f"hvdkeras.{name}")
     else:
         raise AttributeError(f"module 'hvdkeras' has no attribute {name!r}")

@@ -16,9 +16,11 @@ import logging
 import os
 from typing import Any, Callable, Mapping
 
+from hvdkeras import settings
+
 log = logging.getLogger("hvdkeras")
 
-VARIABLE = "HVDKERAS_HOROVOD_NICE"
+VARIABLE = settings.variable("horovod_nice")
 MULTI_HOST_NICE = -15
 TASKS = "/proc/self/task"
 
@@ -36,26 +38,18 @@ def over_gloo(environ: Mapping[str, str]) -> bool:
     return "HOROVOD_GLOO_RENDEZVOUS_ADDR" in environ or environ.get("HOROVOD_CONTROLLER", "").lower() == "gloo"
 
 
-def horovod_nice(environ: Mapping[str, str], spans_hosts: bool) -> int | None:
+def horovod_nice(environ: Mapping[str, str], spans_hosts: bool, gloo: bool | None = None) -> int | None:
     """The nice value for Horovod's threads: HVDKERAS_HOROVOD_NICE when set, else -15 when the job spans
-    hosts over Gloo; None leaves them as they start.
+    hosts over Gloo (`gloo`; None reads it from Horovod's variables); None leaves them as they start.
 
     Raises:
         ValueError: HVDKERAS_HOROVOD_NICE is neither an integer from -20 to 19 nor `none`.
     """
-    raw = environ.get(VARIABLE, "").strip()
-    if not raw:
-        return MULTI_HOST_NICE if spans_hosts and over_gloo(environ) else None
-    if raw.lower() == "none":
-        return None
-    try:
-        value = int(raw)
-    except ValueError:
-        value = None
-    if value is None or not -20 <= value <= 19:
-        raise ValueError(f"{VARIABLE} must be a nice value, an integer from -20 to 19, or `none` to leave "
-                         f"Horovod's threads as they start. Received: {VARIABLE}={raw!r}")
-    return value
+    nice = settings.read(environ).horovod_nice
+    if nice is None:
+        gloo = over_gloo(environ) if gloo is None else gloo
+        return MULTI_HOST_NICE if spans_hosts and gloo else None
+    return None if nice == "none" else nice
 
 
 def start_prioritized(start: Callable[[], Any], nice: int | None) -> list[int]:

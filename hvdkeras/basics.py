@@ -11,9 +11,8 @@ import numpy as np
 import tensorflow as tf
 
 from hvdkeras import _collectives as C
-from hvdkeras import _threads, launching, patches, rendezvous, sync_batch_norm
+from hvdkeras import _threads, launching, patches, rendezvous, settings, sync_batch_norm
 from hvdkeras import compression as _compression
-from hvdkeras._checks import env_bool
 from hvdkeras.variables import tf_variable, to_tensor
 
 log = logging.getLogger("hvdkeras")
@@ -94,18 +93,30 @@ def _spans_hosts(environ: Any) -> bool:
         return False
 
 
-def horovod_defaults(environ: Any) -> dict[str, str]:
+def horovod_defaults(environ: Any, spans_hosts: bool | None = None) -> dict[str, str]:
     """The Horovod settings hvdkeras adds before Horovod starts: HOROVOD_CYCLE_TIME=5 (ms) when the job spans
-    hosts (HOROVOD_CROSS_SIZE > 1) and it is unset. Anything the user or horovodrun set stays."""
-    if _spans_hosts(environ) and not environ.get("HOROVOD_CYCLE_TIME", "").strip():
+    hosts and it is unset. Anything the user or horovodrun set stays.
+
+    Args:
+        environ: the environment Horovod will read.
+        spans_hosts: whether the job spans hosts; None reads HOROVOD_CROSS_SIZE > 1 (a job horovodrun formed).
+    """
+    spans_hosts = _spans_hosts(environ) if spans_hosts is None else spans_hosts
+    if spans_hosts and not environ.get("HOROVOD_CYCLE_TIME", "").strip():
         return {"HOROVOD_CYCLE_TIME": MULTI_HOST_CYCLE_TIME_MS}
     return {}
 
 
-def _start_horovod(comm: Any, process_sets: Any) -> list[int]:
-    """Starts Horovod; returns the ids of its threads that were given the nice value (see _threads)."""
-    nice = _threads.horovod_nice(os.environ, _spans_hosts(os.environ))  # a bad value fails before the start
-    defaults = horovod_defaults(os.environ)
+def _start_horovod(comm: Any, process_sets: Any, formed: rendezvous.Formed | None = None) -> list[int]:
+    """Starts Horovod; returns the ids of its threads that were given the nice value (see _threads).
+
+    `formed`: the job hvdkeras's rendezvous formed, whose facts (does it span hosts, over Gloo) decide the
+    priority and cycle time; None for a job horovodrun (or MPI) formed, whose facts are in Horovod's variables.
+    """
+    spans = formed.cross_size > 1 if formed is not None else _spans_hosts(os.environ)
+    # A bad nice value fails before the start.
+    nice = _threads.horovod_nice(os.environ, spans, gloo=True if formed is not None else None)
+    defaults = horovod_defaults(os.environ, spans)
     if defaults:
         log.info("hvdkeras: the job spans hosts: %s", defaults)
         os.environ.update(defaults)
@@ -148,8 +159,9 @@ def init(comm: Any = None, process_sets: Any = None, pin_gpus: bool = True) -> N
     if not C.is_initialized():
         # An MPI build of Horovod forms an mpirun job by itself; everything else goes through our rendezvous.
         if launch is not None and not (launch.mpi and C.build_info()["mpi"]):
-            with rendezvous.init_watchdog(rendezvous.form(launch)):
-                _start_horovod(comm, process_sets)
+            formed = rendezvous.form(launch)
+            with rendezvous.init_watchdog(formed):
+                _start_horovod(comm, process_sets, formed)
         else:
             _start_horovod(comm, process_sets)
     if launch is not None and C.size() != launch.size:
@@ -425,7 +437,7 @@ def broadcast_variables(variables: Iterable[Any], root_rank: int = 0, check: boo
     _check_root_rank(root_rank)
     variables = list(variables)
     if check is None:
-        check = env_bool(os.environ, "HVDKERAS_CHECK_MODELS", default=True)
+        check = settings.read().check_models
     if check:
         check_same_variables(variables)
     C.broadcast_variables([tf_variable(v) for v in variables], root_rank)

@@ -17,15 +17,12 @@ import shutil
 import sys
 from typing import Callable, Sequence
 
-from hvdkeras._checks import env_seconds
+from hvdkeras import settings
 from hvdkeras.command import DEFAULT_MASTER_PORT, RunConfig, build_command, build_node_workers, find_horovodrun
-from hvdkeras.launching import DEFAULT_STALL_TIMEOUT
+from hvdkeras.settings import DEFAULT_STALL_TIMEOUT
 from hvdkeras.supervision import stream, supervise
 
 EXIT_USAGE = 2
-# DEFAULT_STALL_TIMEOUT: the workers' background threads exchange messages every few milliseconds
-# whatever training does, so it measures whether a process is alive, not how long a step takes: a slow
-# first step does not trip it.
 _HOST = re.compile(r"^[A-Za-z0-9_.\-\[\]:]*[A-Za-z0-9_.\-\]]:(\d+)$")
 
 
@@ -34,32 +31,24 @@ class UsageError(ValueError):
 
 
 def add_wrap_options(parser: argparse.ArgumentParser) -> None:
-    """The options of `python -m hvdkeras` (also accepted, and forwarded, by `hvdkeras run`).
+    """The options of `python -m hvdkeras` (also accepted, and forwarded, by `hvdkeras run`): one flag per
+    training setting (`hvdkeras.settings.training_settings`), `--name-with-dashes`.
 
     Defaults are None so that HVDKERAS_* environment variables apply where a flag is not given.
     """
     group = parser.add_argument_group("training options (also as HVDKERAS_<NAME> environment variables)")
-    group.add_argument("--batch", choices=["global", "per-worker"], default=None,
-                       help="global (the default, Keras's convention): each of the script's batches is split over "
-                            "the workers and the learning rate is left as it is; per-worker: each worker trains "
-                            "on whole batches (N times the global batch) and the rate is scaled")
-    group.add_argument("--lr-scaling", choices=["linear", "sqrt", "none"], default=None,
-                       help="scale the script's learning rate with the number of workers (default: linear with "
-                            "--batch per-worker, none with --batch global)")
-    group.add_argument("--warmup-epochs", type=float, default=None,
-                       help="warm the scaled learning rate up over this many epochs (default: 1; 0 turns it off)")
-    group.add_argument("--fp16-allreduce", action="store_const", const=True, default=None,
-                       help="send gradients as float16")
-    group.add_argument("--backward-passes-per-step", type=int, default=None,
-                       help="accumulate gradients locally over K batches per allreduce (default: 1)")
-    group.add_argument("--no-shard", action="store_const", const=True, default=None,
-                       help="do not shard fit/evaluate data (for scripts that shard themselves)")
-    group.add_argument("--report-dir", default=None,
-                       help="each worker writes a JSON summary (steps per fit, weights digest) here")
+    for field in settings.training_settings():
+        meta, flag = field.metadata, "--" + field.name.replace("_", "-")
+        if meta["kind"] == "bool":
+            group.add_argument(flag, action="store_const", const=True, default=None, help=meta["doc"])
+        elif meta["kind"] == "choice":
+            group.add_argument(flag, choices=list(meta["choices"]), default=None, help=meta["doc"])
+        else:
+            kind = {"int": int, "number": float}.get(meta["kind"], str)
+            group.add_argument(flag, type=kind, default=None, help=meta["doc"])
 
 
-WRAP_FLAGS = ("batch", "lr_scaling", "warmup_epochs", "fp16_allreduce", "backward_passes_per_step", "no_shard",
-              "report_dir")
+WRAP_FLAGS = tuple(field.name for field in settings.training_settings())
 
 
 def wrap_flags(ns: argparse.Namespace) -> list[str]:
@@ -168,17 +157,13 @@ def validate(ns: argparse.Namespace, *, which: Callable[[str], str | None] = shu
             raise UsageError(f"--min-np must be in [1, -np]. Received: --min-np {ns.min_np} with -np {ns.np}")
         if ns.max_np is not None and ns.max_np < ns.np:
             raise UsageError(f"--max-np must be >= -np. Received: --max-np {ns.max_np} with -np {ns.np}")
-    if ns.backward_passes_per_step is not None and ns.backward_passes_per_step < 1:
-        raise UsageError(
-            "--backward-passes-per-step must be >= 1. "
-            f"Received: --backward-passes-per-step {ns.backward_passes_per_step}"
-        )
-    if ns.warmup_epochs is not None and ns.warmup_epochs < 0:
-        raise UsageError(f"--warmup-epochs must be >= 0. Received: --warmup-epochs {ns.warmup_epochs:g}")
+    for name in WRAP_FLAGS:
+        if getattr(ns, name, None) is not None:
+            settings.check_value(name, getattr(ns, name), error=UsageError, flag=True)
     stall = ns.stall_timeout
     if stall is None:
         try:
-            stall = env_seconds(os.environ, "HVDKERAS_STALL_TIMEOUT", DEFAULT_STALL_TIMEOUT)
+            stall = settings.read(os.environ).stall_timeout
         except ValueError as err:
             raise UsageError(str(err)) from None
     if not stall > 0:

@@ -10,6 +10,8 @@ import dataclasses
 import os
 from typing import Callable
 
+from hvdkeras import settings
+
 DEFAULT_MASTER_PORT = 29500
 
 
@@ -64,10 +66,10 @@ def build_node_workers(config: RunConfig) -> list[tuple[list[str], dict[str, str
             "MASTER_ADDR": config.master_addr,
             "MASTER_PORT": str(config.master_port),
             "PYTHONUNBUFFERED": "1",
-            "HVDKERAS_STALL_TIMEOUT": f"{config.stall_timeout:g}",
+            settings.variable("stall_timeout"): f"{config.stall_timeout:g}",
         }
         if config.job_id is not None:
-            env["HVDKERAS_JOB_ID"] = config.job_id
+            env[settings.variable("job_id")] = config.job_id
         workers.append((argv, env))
     return workers
 

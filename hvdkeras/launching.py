@@ -29,12 +29,10 @@ import json
 import re
 from typing import Mapping
 
+from hvdkeras import settings
 from hvdkeras._checks import env_int
 
 LOOPBACK = "127.0.0.1"
-# How long a worker may stop answering before the others give up (Horovod's Gloo timeout,
-# HVDKERAS_STALL_TIMEOUT / `hvdkeras run --stall-timeout`).
-DEFAULT_STALL_TIMEOUT = 60.0
 # Rendezvous ports derived from a job id fall in [PORT_BASE, PORT_BASE + PORT_SPAN): above the usual
 # service ports and below Linux's default ephemeral range (32768-60999), so a derived port is rarely taken.
 PORT_BASE = 20000
@@ -160,9 +158,11 @@ def derived_port(job_id: str) -> int:
 def _address(environ: Mapping[str, str], local_size: int | None, size: int,
              launcher_host: tuple[str, str] | None, launcher: str) -> tuple[str, str]:
     """(address, where it came from): an explicit override, else the launcher's, else this host."""
-    for name in ("HVDKERAS_RENDEZVOUS_ADDR", "MASTER_ADDR"):
-        if environ.get(name, "").strip():
-            return environ[name].strip(), name
+    given = settings.read(environ, LaunchEnvError).rendezvous_addr
+    if given:
+        return given, settings.variable("rendezvous_addr")
+    if environ.get("MASTER_ADDR", "").strip():
+        return environ["MASTER_ADDR"].strip(), "MASTER_ADDR"
     if launcher_host is not None:
         return launcher_host
     if local_size == size:
@@ -182,14 +182,16 @@ def torchrun_agent_holds_master_port(environ: Mapping[str, str]) -> bool:
 
 
 def _port(environ: Mapping[str, str], job_id: str | None, launcher: str, avoid: frozenset | set = frozenset()) -> int:
-    for name in ("HVDKERAS_RENDEZVOUS_PORT", "MASTER_PORT"):
-        if name == "MASTER_PORT" and torchrun_agent_holds_master_port(environ):
-            continue  # taken by torchrun's store: the port is derived, and is not MASTER_PORT
-        if environ.get(name, "").strip():
-            port = _int(environ, name, minimum=1)
-            if port > 65535:
-                raise LaunchEnvError(f"{name} must be a TCP port in [1, 65535]. Received: {name}={environ[name]!r}")
-            return port
+    given = settings.read(environ, LaunchEnvError).rendezvous_port
+    if given is not None:
+        return given
+    # MASTER_PORT, unless torchrun's store holds it: then the port is derived, and is not MASTER_PORT.
+    if environ.get("MASTER_PORT", "").strip() and not torchrun_agent_holds_master_port(environ):
+        port = _int(environ, "MASTER_PORT", minimum=1)
+        if port > 65535:
+            raise LaunchEnvError(f"MASTER_PORT must be a TCP port in [1, 65535]. Received: "
+                                 f"MASTER_PORT={environ['MASTER_PORT']!r}")
+        return port
     if job_id is None:
         raise LaunchEnvError(
             f"{launcher}: no MASTER_PORT (or HVDKERAS_RENDEZVOUS_PORT) and no job id to derive a port from. "
@@ -217,12 +219,12 @@ def _finish(environ, *, launcher, names, rank, size, local_rank, local_size, lau
     if size == 1:
         return None
     addr, source = _address(environ, local_size, size, launcher_host, launcher)
-    explicit_job = environ.get("HVDKERAS_JOB_ID", "").strip() or None
+    explicit_job = settings.read(environ, LaunchEnvError).job_id
     port = _port(environ, explicit_job or launcher_job, launcher, avoid_ports)
     # Without an id from the launcher, every process still derives the same one from what they share.
     job_id = explicit_job or launcher_job or f"{launcher}:{addr}:{port}"
-    read = names + tuple(n for n in ("HVDKERAS_RENDEZVOUS_ADDR", "HVDKERAS_RENDEZVOUS_PORT", "MASTER_ADDR",
-                                     "MASTER_PORT", "HVDKERAS_JOB_ID") if n not in names)
+    addr_var, port_var, job_var = (settings.variable(n) for n in ("rendezvous_addr", "rendezvous_port", "job_id"))
+    read = names + tuple(n for n in (addr_var, port_var, "MASTER_ADDR", "MASTER_PORT", job_var) if n not in names)
     return LaunchEnv(launcher=launcher, variables=_read(environ, read), rank=rank, size=size, local_rank=local_rank,
                      local_size=local_size, rendezvous_addr=addr, rendezvous_port=port, addr_source=source,
                      job_id=job_id, mpi=mpi)
@@ -387,7 +389,7 @@ def detect(environ: Mapping[str, str]) -> LaunchEnv | None:
         >>> detect({"RANK": "1", "WORLD_SIZE": "2", "MASTER_ADDR": "node0", "MASTER_PORT": "29500"}).rank
         1
     """
-    if environ.get("HVDKERAS_LAUNCHER", "").strip().lower() in ("none", "off", "0"):
+    if (settings.read(environ, LaunchEnvError).launcher or "").lower() in ("none", "off", "0"):
         return None
     if "HOROVOD_RANK" in environ or "HOROVOD_GLOO_RENDEZVOUS_ADDR" in environ:
         return None

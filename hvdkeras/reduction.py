@@ -9,29 +9,23 @@ It knows nothing of optimizers or Keras models: the optimizer calls it from `app
 from __future__ import annotations
 
 import dataclasses
-import os
 from typing import Any, Sequence
 
 import tensorflow as tf
 
 from hvdkeras import _collectives as C
 from hvdkeras import compression as _compression
-from hvdkeras._checks import check_int, check_number, env_int
+from hvdkeras import settings
+from hvdkeras._checks import check_int, check_number
 from hvdkeras.variables import var_id
 
 OP_NAMES = dict(C.REDUCE_OPS)
 OPS_BY_NAME = {name: op for op, name in OP_NAMES.items()}
 
-# Gradients are reduced in buckets of about this many bytes, in the order the backward pass produces them, so
-# the first buckets travel while the rest of the backward pass still runs. Chosen by measurement on two hosts
-# over a shaped link (benchmarks/network_benchmark.py; docs/network.md).
-DEFAULT_BUCKET_BYTES = 64 << 10
-BUCKET_BYTES_ENV = "HVDKERAS_BUCKET_BYTES"
-
-
 def default_bucket_bytes(environ: Any = None) -> int:
-    """The bucket size when none is passed: $HVDKERAS_BUCKET_BYTES, else DEFAULT_BUCKET_BYTES."""
-    return env_int(os.environ if environ is None else environ, BUCKET_BYTES_ENV, DEFAULT_BUCKET_BYTES)
+    """The bucket size when none is passed: $HVDKERAS_BUCKET_BYTES, else settings.DEFAULT_BUCKET_BYTES (chosen
+    by measurement on two hosts over a shaped link: benchmarks/network_benchmark.py, docs/network.md)."""
+    return settings.read(environ).bucket_bytes
 
 
 def _check_groups(groups: Any) -> Any:

@@ -27,6 +27,7 @@ import time
 from typing import Any, Callable
 
 from hvdkeras.launching import split_address
+from hvdkeras.settings import variable
 
 DEFAULT_START_TIMEOUT = 600  # seconds, as horovod.spark.run (HOROVOD_SPARK_START_TIMEOUT)
 
@@ -166,12 +167,12 @@ def _run_rank(payload: bytes, settings: dict) -> dict:
                "RANK": str(rank), "WORLD_SIZE": str(len(hosts)),
                "LOCAL_RANK": str(hosts[:rank].count(hosts[rank])), "LOCAL_WORLD_SIZE": str(hosts.count(hosts[rank])),
                "MASTER_ADDR": hosts[0], "MASTER_PORT": ports[0],
-               "HVDKERAS_JOB_ID": f"{settings['job']}-{ctx.stageId()}",
-               "HVDKERAS_RENDEZVOUS_TIMEOUT": str(settings["timeout"])}
+               variable("job_id"): f"{settings['job']}-{ctx.stageId()}",
+               variable("rendezvous_timeout"): str(settings["timeout"])}
     for name in ("HOROVOD_RANK", "HOROVOD_GLOO_RENDEZVOUS_ADDR", "TF_CONFIG", "TORCHELASTIC_USE_AGENT_STORE"):
         environ.pop(name, None)  # nothing from an outer launcher
     if settings["iface"]:
-        environ["HVDKERAS_IFACE"] = settings["iface"]
+        environ[variable("iface")] = settings["iface"]
     result: dict = {"rank": rank, "error": None, "value": None, "failed_at": None, "stdout": "", "stderr": ""}
     with tempfile.TemporaryDirectory(prefix="hvdkeras-spark-") as tmp:
         job_file, result_file = os.path.join(tmp, "fn.pkl"), os.path.join(tmp, "result.pkl")

@@ -31,52 +31,18 @@ import tensorflow as tf
 
 from hvdkeras import _collectives as C
 from hvdkeras import callbacks as hvd_callbacks
-from hvdkeras import data, keras_output, patches, rank_zero, saving, strategy, sync_batch_norm
-from hvdkeras._checks import check_int, check_number, env_bool, env_int
+from hvdkeras import data, keras_output, patches, rank_zero, saving, settings, strategy, sync_batch_norm
 from hvdkeras.compression import Compression
-from hvdkeras.learning_rate import RULES, as_float, scale_factor, scale_learning_rate
+from hvdkeras.learning_rate import as_float, scale_factor, scale_learning_rate
 from hvdkeras.models import held_optimizers
 from hvdkeras.optimizer import DistributedOptimizer, unwrap
 
 log = logging.getLogger("hvdkeras")
 
-ENV_PREFIX = "HVDKERAS_"
-BATCH_CONVENTIONS = ("global", "per-worker")
-
-
-@dataclasses.dataclass(frozen=True)
-class Options:
-    """What `python -m hvdkeras` / `hvdkeras run` change in the script's training.
-
-    Args:
-        lr_scaling: "linear", "sqrt" or "none"; None (the default) follows `batch`: "linear" for
-            "per-worker", "none" for "global".
-        warmup_epochs: learning-rate warm-up epochs when the rate was scaled (0: none).
-        fp16_allreduce: send gradients as float16.
-        backward_passes_per_step: local gradient accumulation steps per allreduce.
-        no_shard: leave the data as it is (scripts that shard themselves).
-        report_dir: each worker writes a JSON summary (steps per fit, final weights digest) here.
-        batch: what a batch in the script is. "global" (Keras's convention, as in tf.distribute): each
-            batch is split over the workers and the learning rate is left as the script set it;
-            "per-worker": each worker trains on whole batches, so the global batch is N times the script's,
-            and the rate is scaled by `lr_scaling`.
-    """
-
-    lr_scaling: str | None = None
-    warmup_epochs: float = 1
-    fp16_allreduce: bool = False
-    backward_passes_per_step: int = 1
-    no_shard: bool = False
-    report_dir: str | None = None
-    batch: str = "global"
-
+class _OptionsChecks:
     def __post_init__(self):
-        if self.batch not in BATCH_CONVENTIONS:
-            raise ValueError(f"`batch` must be one of {BATCH_CONVENTIONS}. Received: batch={self.batch!r}")
-        if self.lr_scaling is not None and self.lr_scaling not in RULES:
-            raise ValueError(f"`lr_scaling` must be one of {RULES}. Received: lr_scaling={self.lr_scaling!r}")
-        check_number("warmup_epochs", self.warmup_epochs, what="a number of epochs")
-        check_int("backward_passes_per_step", self.backward_passes_per_step)
+        for field in dataclasses.fields(self):
+            settings.check_value(field.name, getattr(self, field.name))
 
     @property
     def scaling_rule(self) -> str:
@@ -86,28 +52,28 @@ class Options:
         return "linear" if self.batch == "per-worker" else "none"
 
 
+Options = dataclasses.make_dataclass(
+    "Options", [(f.name, f.type, dataclasses.field(default=f.default)) for f in settings.training_settings()],
+    bases=(_OptionsChecks,), frozen=True)
+Options.__module__ = __name__
+Options.__doc__ = """What `python -m hvdkeras` / `hvdkeras run` change in the script's training: one field per training
+setting of `hvdkeras.settings` (its table says what each does), with its default, checked when made.
+
+    batch: what a batch in the script is. "global" (Keras's convention, as in tf.distribute): each batch is
+        split over the workers and the learning rate is left as the script set it; "per-worker": each worker
+        trains on whole batches, so the global batch is N times the script's, and the rate is scaled.
+    lr_scaling: "linear", "sqrt" or "none"; None (the default) follows `batch`: "linear" for "per-worker",
+        "none" for "global".
+
+Raises:
+    ValueError: a field's value is not what its setting takes, naming it and what was received.
+"""
+
+
 def options_from_env(environ: dict | None = None) -> dict:
-    """Options given as HVDKERAS_* environment variables, for launchers that cannot pass flags."""
-    environ = os.environ if environ is None else environ
-    out: dict[str, Any] = {}
-    for field in dataclasses.fields(Options):
-        name = ENV_PREFIX + field.name.upper()
-        if name not in environ:
-            continue
-        if field.name in ("fp16_allreduce", "no_shard"):
-            out[field.name] = env_bool(environ, name)
-        elif field.name == "backward_passes_per_step":
-            out[field.name] = env_int(environ, name, default=1, minimum=1)
-        elif field.name == "warmup_epochs":
-            raw = environ[name].strip()
-            try:
-                out[field.name] = float(raw) if "." in raw else int(raw)
-            except ValueError:
-                raise ValueError(f"{name} must be a number of epochs >= 0. "
-                                 f"Received: {name}={environ[name]!r}") from None
-        else:
-            out[field.name] = environ[name]
-    return out
+    """The training options given as HVDKERAS_* environment variables, for launchers that cannot pass flags."""
+    given = settings.given(os.environ if environ is None else environ)
+    return {field.name: given[field.name] for field in settings.training_settings() if field.name in given}
 
 
 _state: dict[str, Any] = {"options": None, "warned": set(), "fits": [], "loading": 0}

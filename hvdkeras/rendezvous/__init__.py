@@ -17,8 +17,8 @@ import sys
 import threading
 from typing import Mapping, MutableMapping
 
-from hvdkeras._checks import env_seconds
-from hvdkeras.launching import DEFAULT_STALL_TIMEOUT, LaunchEnv
+from hvdkeras import settings
+from hvdkeras.launching import LaunchEnv
 from hvdkeras.rendezvous.client import interface_of, join, resolve, route_ip
 from hvdkeras.rendezvous.diagnosis import Probe, install_excepthook, restore_excepthook, unreachable_peers
 from hvdkeras.rendezvous.errors import (
@@ -42,20 +42,24 @@ __all__ = [
     "host_slots", "init_watchdog", "join", "rendezvous_timeout", "resolve", "stop", "unreachable_peers",
 ]
 
-DEFAULT_TIMEOUT = 60.0
-
-
 def rendezvous_timeout(environ: Mapping[str, str]) -> float:
     """HVDKERAS_RENDEZVOUS_TIMEOUT, the bound on forming the job (default 60 s)."""
-    return env_seconds(environ, "HVDKERAS_RENDEZVOUS_TIMEOUT", DEFAULT_TIMEOUT)
+    return settings.read(environ).rendezvous_timeout
 
 
 @dataclasses.dataclass
 class Formed:
+    """The job this process joined: what the launcher said (`env`), every rank's entry (`peers`), and this
+    process's place in it, which Horovod is then started with."""
+
     env: LaunchEnv
     peers: dict[int, dict]
     server: Server | None
     probe: Probe | None = None
+    local_rank: int = 0
+    local_size: int = 1
+    cross_rank: int = 0
+    cross_size: int = 1
 
 
 _active: Formed | None = None
@@ -70,10 +74,11 @@ def form(env: LaunchEnv, environ: MutableMapping[str, str] | None = None) -> For
     """
     global _active
     environ = os.environ if environ is None else environ
-    timeout = rendezvous_timeout(environ)
+    given = settings.read(environ)
+    timeout = given.rendezvous_timeout
     ip = resolve(env.rendezvous_addr, env.addr_source)
     my_ip = route_ip(ip, env.rendezvous_port)
-    iface = (environ.get("HVDKERAS_IFACE") or "").strip() or interface_of(my_ip)
+    iface = given.iface or interface_of(my_ip)
     server, probe = None, None
     if env.rank == 0:
         server = Server(ip, env.rendezvous_port, Registry(env.job_id, env.size, env.variables),
@@ -91,7 +96,7 @@ def form(env: LaunchEnv, environ: MutableMapping[str, str] | None = None) -> For
             probe.close()
         raise
     mine = assign(peers)[env.rank]
-    stall = env_seconds(environ, "HVDKERAS_STALL_TIMEOUT", DEFAULT_STALL_TIMEOUT)
+    stall = given.stall_timeout
     environ.update({
         "HOROVOD_GLOO_RENDEZVOUS_ADDR": ip,
         "HOROVOD_GLOO_RENDEZVOUS_PORT": str(env.rendezvous_port),
@@ -108,7 +113,8 @@ def form(env: LaunchEnv, environ: MutableMapping[str, str] | None = None) -> For
     })
     environ.setdefault("HOROVOD_GLOO_TIMEOUT_SECONDS", f"{stall:g}")
     install_excepthook(peers, env.rank)
-    _active = Formed(env=env, peers=peers, server=server, probe=probe)
+    _active = Formed(env=env, peers=peers, server=server, probe=probe, local_rank=mine["local_rank"],
+                     local_size=mine["local_size"], cross_rank=mine["cross_rank"], cross_size=mine["cross_size"])
     return _active
 
 

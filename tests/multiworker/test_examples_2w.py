@@ -91,7 +91,7 @@ def test_step_timeline_smoke(tmp_path):
     require("ip", "tc")
     out = tmp_path / "timeline"
     # hvdkeras's default buckets, as the published timeline has them (the tests' own are 256 bytes).
-    from hvdkeras.reduction import DEFAULT_BUCKET_BYTES
+    from hvdkeras.settings import DEFAULT_BUCKET_BYTES
 
     job = run_command([sys.executable, str(REPO / "benchmarks" / "step_timeline.py"), "--rates", "200mbit",
                        "--inter-op", "1", "--steps", "4", "--out", str(out)], tmp_path, timeout=300,

@@ -89,7 +89,7 @@ def test_options_from_environment():
                                 backward_passes_per_step=2, no_shard=False)
     with pytest.raises(ValueError, match="Received: HVDKERAS_NO_SHARD='maybe'"):
         wrap.options_from_env({"HVDKERAS_NO_SHARD": "maybe"})
-    with pytest.raises(ValueError, match="Received: lr_scaling='cubic'"):
+    with pytest.raises(ValueError, match="Received: HVDKERAS_LR_SCALING='cubic'"):
         wrap.Options(**wrap.options_from_env({"HVDKERAS_LR_SCALING": "cubic"}))
 
 

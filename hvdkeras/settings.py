@@ -1,0 +1,229 @@
+"""Every HVDKERAS_* environment variable, read into one typed, frozen object: `read(environ) -> Settings`.
+
+The fields of `Settings` are the one list of variables (docs/settings.md shows it): each field's metadata
+says how its variable is parsed and what it does. A variable that is unset or empty gives the default; one
+that does not parse fails with one message format: "HVDKERAS_X must be WHAT. Received: HVDKERAS_X='raw'".
+The training options (`flag=True`) are also the flags of `python -m hvdkeras` and `hvdkeras run`, and the
+fields of `hvdkeras.wrap.Options`: `training_settings()` lists them for the three.
+
+Plain Python, so `hvdkeras run` reads it without TensorFlow.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Any, Mapping
+
+PREFIX = "HVDKERAS_"
+_TRUE = frozenset({"1", "true", "yes", "on"})
+_FALSE = frozenset({"0", "false", "no", "off"})
+# Seconds a worker may stop answering before the job fails (Horovod's and Gloo's timeouts): the workers'
+# background threads exchange messages every few milliseconds whatever training does, so it measures whether
+# a process is alive, not how long a step takes.
+DEFAULT_STALL_TIMEOUT = 60.0
+# Gradients are reduced in buckets of about this many bytes, in the order the backward pass produces them, so
+# the first buckets travel while the rest of the backward pass still runs. Chosen by measurement on two hosts
+# over a shaped link (benchmarks/network_benchmark.py; docs/network.md).
+DEFAULT_BUCKET_BYTES = 64 << 10
+DEFAULT_RENDEZVOUS_TIMEOUT = 60.0
+
+
+def _setting(default: Any, kind: str, doc: str, *, flag: bool = False, choices: tuple = (),
+             minimum: float | None = None, maximum: float | None = None) -> Any:
+    return dataclasses.field(default=default, metadata={
+        "kind": kind, "doc": doc, "flag": flag, "choices": choices, "minimum": minimum, "maximum": maximum})
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    """The HVDKERAS_* variables of this process, parsed. Field `x` is variable HVDKERAS_X."""
+
+    # ---- training options: also flags of `python -m hvdkeras` / `hvdkeras run`, and wrap.Options's fields
+    batch: str = _setting(
+        "global", "choice", "global (Keras's convention): each of the script's batches is split over the workers and "
+        "the learning rate is left as it is; per-worker: each worker trains on whole batches (N times the global "
+        "batch) and the rate is scaled", flag=True, choices=("global", "per-worker"))
+    lr_scaling: str | None = _setting(
+        None, "choice", "scale the script's learning rate with the number of workers (default: linear with "
+        "--batch per-worker, none with --batch global)", flag=True, choices=("linear", "sqrt", "none"))
+    warmup_epochs: float = _setting(
+        1, "number", "warm the scaled learning rate up over this many epochs (default: 1; 0 turns it off)",
+        flag=True, minimum=0)
+    fp16_allreduce: bool = _setting(False, "bool", "send gradients as float16", flag=True)
+    backward_passes_per_step: int = _setting(
+        1, "int", "accumulate gradients locally over K batches per allreduce (default: 1)", flag=True, minimum=1)
+    no_shard: bool = _setting(
+        False, "bool", "do not shard fit/evaluate data (for scripts that shard themselves)", flag=True)
+    report_dir: str | None = _setting(
+        None, "str", "each worker writes a JSON summary (steps per fit, weights digest) here", flag=True)
+    # ---- the optimizer
+    bucket_bytes: int = _setting(
+        DEFAULT_BUCKET_BYTES, "int", "bytes per gradient bucket when DistributedOptimizer gets no bucket_bytes "
+        "(0: one allreduce after the whole backward pass)", minimum=0)
+    # ---- forming the job
+    launcher: str | None = _setting(
+        None, "str", "`none` (or off, 0): read no launcher's variables, so every process trains alone")
+    rendezvous_addr: str | None = _setting(
+        None, "str", "rank 0's host name or address for the rendezvous (else MASTER_ADDR, else the launcher's)")
+    rendezvous_port: int | None = _setting(
+        None, "port", "the rendezvous port on rank 0's host (else MASTER_PORT, else derived from the job id)",
+        minimum=1, maximum=65535)
+    job_id: str | None = _setting(
+        None, "str", "the job's id, the same in every process: a worker of another job is never admitted")
+    iface: str | None = _setting(None, "str", "the network interface Gloo uses (default: the one routing to rank 0)")
+    rendezvous_timeout: float = _setting(
+        DEFAULT_RENDEZVOUS_TIMEOUT, "seconds", "the bound on forming the job, and on Horovod connecting it")
+    stall_timeout: float = _setting(
+        DEFAULT_STALL_TIMEOUT, "seconds", "seconds a worker may stop answering before the job fails "
+        "(`hvdkeras run --stall-timeout`)")
+    horovod_nice: int | str | None = _setting(
+        None, "nice", "the nice value of Horovod's threads, an integer from -20 to 19, or `none` to leave them; "
+        "unset: -15 when the job spans hosts over Gloo", minimum=-20, maximum=19)
+    # ---- checks
+    check_models: bool = _setting(
+        True, "bool", "compare the workers' models (names, shapes, dtypes, then values) before broadcasts")
+
+
+def variable(name: str) -> str:
+    """The environment variable of setting `name`: HVDKERAS_<NAME>."""
+    return PREFIX + name.upper()
+
+
+def fields() -> tuple[dataclasses.Field, ...]:
+    """The table: one field per variable, in the documented order."""
+    return dataclasses.fields(Settings)
+
+
+def training_settings() -> tuple[dataclasses.Field, ...]:
+    """The training options: the flags of `python -m hvdkeras` and `hvdkeras run`, and wrap.Options's fields."""
+    return tuple(f for f in fields() if f.metadata["flag"])
+
+
+def what(field: dataclasses.Field) -> str:
+    """What a setting's value must be, in words, for the error messages."""
+    meta = field.metadata
+    kind, low, high = meta["kind"], meta["minimum"], meta["maximum"]
+    if kind == "str":
+        return "text"
+    if kind == "choice":
+        return f"one of {', '.join(meta['choices'])}"
+    if kind == "bool":
+        return "one of 1/0/true/false/yes/no/on/off"
+    if kind == "seconds":
+        return "a number of seconds > 0"
+    if kind == "port":
+        return f"a TCP port in [{low}, {high}]"
+    if kind == "nice":
+        return f"a nice value, an integer from {low} to {high}, or `none` to leave Horovod's threads as they start"
+    noun = "an integer" if kind == "int" else "a finite number"
+    if high is not None:
+        return f"{noun} in [{low:g}, {high:g}]"
+    return f"{noun} >= {low:g}" if low is not None else noun
+
+
+def parse(field: dataclasses.Field, raw: str, error: type[Exception] = ValueError) -> Any:
+    """A variable's text as the setting's value.
+
+    Raises:
+        `error`: it does not parse, in the format "HVDKERAS_X must be WHAT. Received: HVDKERAS_X='raw'".
+    """
+    meta, text = field.metadata, raw.strip()
+    kind, low, high = meta["kind"], meta["minimum"], meta["maximum"]
+    value: Any = None
+    if kind == "str":
+        value = text
+    elif kind == "choice":
+        value = text if text in meta["choices"] else None
+    elif kind == "bool":
+        value = True if text.lower() in _TRUE else False if text.lower() in _FALSE else None
+    elif kind == "nice" and text.lower() == "none":
+        value = "none"
+    else:
+        value = _number(text, integer=kind in ("int", "port", "nice"))
+        if value is not None and ((kind == "seconds" and not value > 0) or (low is not None and value < low)
+                                  or (high is not None and value > high)):
+            value = None
+    if value is None:
+        name = variable(field.name)
+        raise error(f"{name} must be {what(field)}. Received: {name}={raw!r}")
+    return value
+
+
+def check_value(name: str, value: Any, error: type[Exception] = ValueError, flag: bool = False) -> Any:
+    """A setting's value given in Python (an argument) or as a parsed flag, checked against its field.
+
+    Raises:
+        `error`: naming the setting ("`name`", or "--name" with `flag`), what it must be, and what was received.
+    """
+    field = {f.name: f for f in fields()}[name]
+    meta = field.metadata
+    kind, low, high = meta["kind"], meta["minimum"], meta["maximum"]
+    if value is None and field.default is None:
+        return None
+    if kind == "bool":
+        ok = isinstance(value, bool)
+    elif kind == "choice":
+        ok = value in meta["choices"]
+    elif kind == "str":
+        ok = isinstance(value, str)
+    else:
+        numeric = isinstance(value, (int, float)) and not isinstance(value, bool) and value == value \
+            and value not in (float("inf"), float("-inf"))
+        ok = numeric and (kind not in ("int", "port", "nice") or isinstance(value, int)) \
+            and (low is None or value >= low) and (high is None or value <= high) \
+            and (kind != "seconds" or value > 0)
+    if not ok:
+        if flag:
+            shown = f"{value:g}" if isinstance(value, float) else value
+            label = "--" + name.replace("_", "-")
+            raise error(f"{label} must be {what(field)}. Received: {label} {shown}")
+        raise error(f"`{name}` must be {what(field)}. Received: {name}={value!r}")
+    return value
+
+
+def _number(text: str, integer: bool) -> int | float | None:
+    try:
+        return int(text)
+    except ValueError:
+        pass
+    if integer:
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        return None
+    return value if value == value and value not in (float("inf"), float("-inf")) else None
+
+
+def given(environ: Mapping[str, str], error: type[Exception] = ValueError) -> dict[str, Any]:
+    """The settings whose variables are set (and not empty) in `environ`, parsed, by field name.
+
+    Raises:
+        `error` (ValueError by default): a variable does not parse (see `parse`).
+    """
+    out = {}
+    for field in fields():
+        raw = environ.get(variable(field.name))
+        if raw is not None and raw.strip():
+            out[field.name] = parse(field, raw, error)
+    return out
+
+
+def read(environ: Mapping[str, str] | None = None, error: type[Exception] = ValueError) -> Settings:
+    """Every HVDKERAS_* variable of `environ` (default: os.environ) as a Settings; unset ones are defaults.
+
+    Raises:
+        `error` (ValueError by default): a variable does not parse, naming it and its value.
+    """
+    return Settings(**given(os.environ if environ is None else environ, error))
+
+
+def table_markdown() -> str:
+    """The table of variables as Markdown (docs/settings.md holds it; a test keeps the two equal)."""
+    rows = ["| Variable | Default | Value | What it does |", "|---|---|---|---|"]
+    for field in fields():
+        default = field.default
+        default = "unset" if default is None else f"`{str(default).lower() if isinstance(default, bool) else default}`"
+        rows.append(f"| `{variable(field.name)}` | {default} | {what(field)} | {field.metadata['doc']} |")
+    return "\n".join(rows) + "\n"
