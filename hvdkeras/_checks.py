@@ -1,8 +1,8 @@
 """Validation at the boundary, in one format: "`name` must be WHAT. Received: name=VALUE".
 
 `check_int` is the one integer check of the package's arguments, `check_number` the one check of a finite
-number (a rate, a number of epochs, a factor); `env_int`, `env_bool` and `env_seconds`
-are the one way its environment variables are read (an unset or empty variable gives the default).
+number (a rate, a number of epochs, a factor); `env_int` reads a launcher's integer variables (RANK,
+SLURM_PROCID, ...). hvdkeras's own HVDKERAS_* variables are read by `hvdkeras.settings`.
 """
 
 from __future__ import annotations
@@ -10,9 +10,6 @@ from __future__ import annotations
 import math
 import numbers
 from typing import Any, Mapping
-
-_TRUE = frozenset({"1", "true", "yes", "on"})
-_FALSE = frozenset({"0", "false", "no", "off"})
 
 
 def check_int(name: str, value: Any, minimum: int = 1, *, maximum: int | None = None, allow_none: bool = False,
@@ -101,40 +98,4 @@ def env_int(environ: Mapping[str, str], name: str, default: Any = None, minimum:
     if value is None or value < minimum or (maximum is not None and value > maximum):
         what = f"an integer >= {minimum}" if maximum is None else f"an integer in [{minimum}, {maximum}]"
         raise _bad(name, what, environ[name], error)
-    return value
-
-
-def env_bool(environ: Mapping[str, str], name: str, default: bool = False,
-             error: type[Exception] = ValueError) -> bool:
-    """A boolean from `environ[name]` (1/0, true/false, yes/no, on/off), or `default` when unset or empty.
-
-    Raises:
-        `error` (ValueError by default): any other value, naming the variable and its value.
-    """
-    raw = _raw(environ, name).lower()
-    if not raw:
-        return default
-    if raw in _TRUE:
-        return True
-    if raw in _FALSE:
-        return False
-    raise _bad(name, "one of 1/0/true/false/yes/no/on/off", environ[name], error)
-
-
-def env_seconds(environ: Mapping[str, str], name: str, default: float,
-                error: type[Exception] = ValueError) -> float:
-    """A number of seconds > 0 from `environ[name]`, or `default` when it is unset or empty.
-
-    Raises:
-        `error` (ValueError by default): anything else, naming the variable and its value.
-    """
-    raw = _raw(environ, name)
-    if not raw:
-        return default
-    try:
-        value = float(raw)
-    except ValueError:
-        value = math.nan
-    if not value > 0:
-        raise _bad(name, "a number of seconds > 0", environ[name], error)
     return value
