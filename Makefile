@@ -33,6 +33,7 @@ $(STAMP): setup.cfg pyproject.toml scripts/install_horovod.sh Makefile
 # Two pytest workers: every multi-worker test runs on one of them, in order (see tests/conftest.py); the
 # single-process tests fill the other core meanwhile.
 test: install lab
+	$(VENV)/bin/lint-imports --no-cache
 	$(PY) -m pytest -n 2 $(PYTEST_ARGS)
 
 # The test lab's system packages (Slurm, munge, OpenMPI, sshd), installed when root and missing.
@@ -59,8 +60,10 @@ netbench: install lab
 batchbench: install
 	$(PY) benchmarks/batch_convention.py --out docs
 
+# ruff, then the package's layers (the import-linter contracts in setup.cfg).
 lint: install
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/lint-imports --no-cache
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache

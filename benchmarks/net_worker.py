@@ -238,7 +238,8 @@ def main():
     # Both kinds form the job through hvdkeras's rendezvous from the launcher's variables: hvdkeras.init()
     # does it itself; for Horovod's tf-keras integration it is done here, and Horovod then starts with its
     # own defaults (HOROVOD_CYCLE_TIME 1 ms).
-    from hvdkeras import launching, rendezvous
+    from hvdkeras.job import launchers as launching
+    from hvdkeras.job import rendezvous
 
     launch = launching.detect(os.environ)
     if args.kind == "keras2":

@@ -7,7 +7,7 @@ import logging
 import keras
 import tensorflow as tf
 
-from hvdkeras import basics, settings
+from hvdkeras import collectives, settings
 from hvdkeras._checks import check_int
 from hvdkeras.models import held_optimizers
 from hvdkeras.optimizer import DistributedOptimizer
@@ -38,7 +38,7 @@ def broadcast_model(model, root_rank: int = 0, check: bool | None = None, local_
     local = {var_id(v) for v in local_variables or []}
     variables = [v for v in model_and_optimizer_variables(model) if var_id(v) not in local]
     with tf.device(device):
-        basics.broadcast_variables(variables, root_rank=root_rank, check=check)
+        collectives.broadcast_variables(variables, root_rank=root_rank, check=check)
 
 
 def _overrides(model, method: str) -> bool:
@@ -194,5 +194,5 @@ class BroadcastGlobalVariablesCallback(HvdCallback):
                 "wrap each in hvdkeras.DistributedOptimizer. " if undistributed else
                 "Were some gradients applied outside a DistributedOptimizer? Pass per-worker variables as "
                 "local_variables. ")
-        basics.check_in_sync([v for v in self.model.trainable_variables if var_id(v) not in local],
+        collectives.check_in_sync([v for v in self.model.trainable_variables if var_id(v) not in local],
                              when=f"after epoch {epoch + 1}", hint=hint)

@@ -21,12 +21,14 @@ __version__ = "0.1.0"
 # TensorFlow, while `hvd.init()` and every other name work as if imported eagerly.
 _API = {
     "hvdkeras.basics": (
-        "Average", "ProcessSet", "Sum", "add_process_set", "allgather", "allgather_object", "allreduce", "broadcast",
-        "broadcast_global_variables", "broadcast_object", "broadcast_variables", "ccl_built", "cross_rank",
-        "cross_size", "cuda_built", "ddl_built", "global_process_set", "gloo_built", "gloo_enabled", "init",
-        "is_initialized", "local_rank", "local_size", "mpi_built", "mpi_enabled", "mpi_threads_supported",
-        "nccl_built", "rank", "reducescatter", "remove_process_set", "rocm_built", "shutdown", "size",
-        "start_timeline", "stop_timeline",
+        "ProcessSet", "add_process_set", "ccl_built", "cross_rank", "cross_size", "cuda_built", "ddl_built",
+        "global_process_set", "gloo_built", "gloo_enabled", "init", "is_initialized", "local_rank", "local_size",
+        "mpi_built", "mpi_enabled", "mpi_threads_supported", "nccl_built", "rank", "remove_process_set",
+        "rocm_built", "shutdown", "size", "start_timeline", "stop_timeline",
+    ),
+    "hvdkeras.collectives": (
+        "Average", "Sum", "allgather", "allgather_object", "allreduce", "broadcast", "broadcast_global_variables",
+        "broadcast_object", "broadcast_variables", "reducescatter",
     ),
     "hvdkeras.compression": ("Compression",),
     "hvdkeras.learning_rate": ("scale_learning_rate",),
@@ -37,7 +39,7 @@ _API = {
 }
 # Submodules that import no TensorFlow (the `hvdkeras` command's): `from hvdkeras import settings` in them must
 # not run the version check, which imports TensorFlow.
-_PLAIN = frozenset({"cli", "command", "failures", "launching", "rendezvous", "settings", "supervision"})
+_PLAIN = frozenset({"cli", "failures", "settings"})
 _WHERE = {name: module for module, names in _API.items() for name in names}
 __all__ = sorted([*_WHERE, "callbacks", "data", "elastic"])
 _checked = False

@@ -19,7 +19,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         from hvdkeras import cli
 
         return cli.main(argv)
-    from hvdkeras.cli import WRAP_FLAGS, add_wrap_options
+    from hvdkeras.cli.parse import WRAP_FLAGS, add_wrap_options
 
     parser = argparse.ArgumentParser(
         prog="python -m hvdkeras",

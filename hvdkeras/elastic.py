@@ -26,9 +26,10 @@ import numpy as np
 import tensorflow as tf
 
 from hvdkeras import _collectives as C
-from hvdkeras import basics
+from hvdkeras import collectives
 from hvdkeras._checks import check_int
 from hvdkeras.failures import lost_peer
+from hvdkeras.job import lifecycle
 from hvdkeras.learning_rate import as_float, scale_factor
 from hvdkeras.optimizer import unwrap
 
@@ -88,7 +89,7 @@ class TensorFlowKerasState(ObjectState):
         super().restore()
 
     def sync(self) -> None:
-        basics.broadcast_variables(self.variables(), root_rank=0)
+        collectives.broadcast_variables(self.variables(), root_rank=0)
         self._save_variables()
         super().sync()
 
@@ -214,7 +215,7 @@ def run(func: Callable[..., Any]) -> Callable[..., Any]:
                 raise HorovodInternalError(err) from err
             raise
 
-    return C.elastic_run(wrapper, basics.restart_horovod)
+    return C.elastic_run(wrapper, lifecycle.restart_horovod)
 
 
 __all__ = [

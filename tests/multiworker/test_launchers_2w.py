@@ -120,7 +120,7 @@ BOUND = 10  # HVDKERAS_RENDEZVOUS_TIMEOUT in these tests (the default is 60)
 SLACK = 90
 ONE_STEP = [sys.executable, "-c", "import hvdkeras as hvd; hvd.init(); print('size', hvd.size())"]
 # Registers at the rendezvous like a worker, then dies before Horovod connects the workers.
-DIES_AFTER_REGISTERING = [sys.executable, "-c", "import os, hvdkeras.launching as L, hvdkeras.rendezvous as R; "
+DIES_AFTER_REGISTERING = [sys.executable, "-c", "import os, hvdkeras.job.launchers as L, hvdkeras.job.rendezvous as R; "
                           "R.form(L.detect(os.environ)); os._exit(3)"]
 HOROVOD_FIRST = [sys.executable, "-c", "import horovod.tensorflow as h; h.init(); import hvdkeras as hvd; hvd.init()"]
 

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from hvdkeras import basics
+from hvdkeras.job import lifecycle
 
 
 class FakeConfig:
@@ -44,14 +44,14 @@ FOUR = ["GPU:0", "GPU:1", "GPU:2", "GPU:3"]
 @pytest.mark.parametrize("local_rank, expected", [(0, "GPU:0"), (1, "GPU:1"), (3, "GPU:3")])
 def test_pin_gpu_by_local_rank(local_rank, expected):
     config = FakeConfig(FOUR)
-    assert basics.pin_gpu(local_rank, 4, config=config, environ={}) == expected
+    assert lifecycle.pin_gpu(local_rank, 4, config=config, environ={}) == expected
     assert config.visible == (expected, "GPU")
     assert config.growth == [(expected, True)]
 
 
 def test_more_processes_on_a_host_than_gpus_is_refused():
     with pytest.raises(ValueError, match=r"6 processes on this host but 4 GPUs.*Received: local size 6"):
-        basics.pin_gpu(5, 6, config=FakeConfig(FOUR), environ={})
+        lifecycle.pin_gpu(5, 6, config=FakeConfig(FOUR), environ={})
 
 
 @pytest.mark.parametrize("how", ["CUDA_VISIBLE_DEVICES", "tf.config"])
@@ -62,28 +62,28 @@ def test_a_process_that_chose_its_gpu_is_left_alone(how, caplog):
     else:
         config, environ = FakeConfig(FOUR, visible=["GPU:2"]), {}
     with caplog.at_level("INFO", logger="hvdkeras"):
-        assert basics.pin_gpu(3, 4, config=config, environ=environ) is None
+        assert lifecycle.pin_gpu(3, 4, config=config, environ=environ) is None
     assert config.visible is None and "left as they are" in caplog.text
 
 
 def test_pin_gpu_on_several_visible_devices_pins_by_local_rank():
     config = FakeConfig(["GPU:0", "GPU:1"])
-    assert basics.pin_gpu(1, 2, config=config, environ={"CUDA_VISIBLE_DEVICES": "4,5"}) == "GPU:1"
+    assert lifecycle.pin_gpu(1, 2, config=config, environ={"CUDA_VISIBLE_DEVICES": "4,5"}) == "GPU:1"
 
 
 @pytest.mark.parametrize("cuda", [True, False])
 def test_pin_gpu_without_gpus_trains_on_cpu_and_a_cuda_build_says_so_once(cuda, caplog, monkeypatch):
-    monkeypatch.setattr(basics, "_said_no_gpu", [])
+    monkeypatch.setattr(lifecycle, "_said_no_gpu", [])
     config = FakeConfig([])
     for _ in range(2):
-        assert basics.pin_gpu(0, 1, config=config, environ={}, built_with_cuda=cuda) is None
+        assert lifecycle.pin_gpu(0, 1, config=config, environ={}, built_with_cuda=cuda) is None
     assert config.visible is None
     assert caplog.text.count("CUDA build but sees no GPU") == (1 if cuda else 0)
 
 
 def test_pin_gpu_after_runtime_init_warns(caplog):
     config = FakeConfig(["GPU:0", "GPU:1"], fail=True)
-    assert basics.pin_gpu(1, 2, config=config, environ={}) == "GPU:1"
+    assert lifecycle.pin_gpu(1, 2, config=config, environ={}) == "GPU:1"
     assert "could not pin GPU" in caplog.text
 
 
@@ -94,7 +94,7 @@ def test_bad_op(hvd, op):
 
 
 def test_op_and_deprecated_average_follow_horovod(hvd):
-    from hvdkeras.basics import _op_from
+    from hvdkeras.collectives import _op_from
 
     assert _op_from(None, None) == hvd.Average and _op_from(True, None) == hvd.Average
     assert _op_from(False, None) == hvd.Sum and _op_from(None, hvd.Sum) == hvd.Sum
@@ -164,7 +164,7 @@ def test_single_worker_collectives(hvd):
     ({"HOROVOD_CROSS_SIZE": "x"}, {}),
 ])
 def test_horovod_cycle_time_is_5_ms_only_across_hosts_and_only_when_unset(environ, expected):
-    assert basics.horovod_defaults(environ) == expected
+    assert lifecycle.horovod_defaults(environ) == expected
 
 
 def test_check_models_variable_is_read_as_a_boolean(hvd, monkeypatch):

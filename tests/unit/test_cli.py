@@ -5,7 +5,9 @@ import sys
 
 import pytest
 
-from hvdkeras import cli, command, wrap
+from hvdkeras import wrap
+from hvdkeras.cli import command
+from hvdkeras.cli import parse as cli
 
 
 def parse(*argv):
@@ -144,8 +146,9 @@ def test_the_hvdkeras_command_starts_without_tensorflow():
     import subprocess
     import sys
 
-    code = ("import sys, hvdkeras, hvdkeras.cli, hvdkeras.command, hvdkeras.supervision, hvdkeras.launching\n"
-            "hvdkeras.cli.build_parser()\n"
+    code = ("import sys, hvdkeras, hvdkeras.cli.parse, hvdkeras.cli.command, hvdkeras.cli.supervise\n"
+            "import hvdkeras.job.launchers\n"
+            "hvdkeras.cli.parse.build_parser()\n"
             "print(sorted(m for m in ('tensorflow', 'keras', 'horovod') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr

@@ -6,18 +6,21 @@ import pytest
 import tensorflow as tf
 
 from hvdkeras import _collectives as C
-from hvdkeras import basics, cli, command, data, rank_zero, supervision, wrap
+from hvdkeras import collectives, data, rank_zero, wrap
+from hvdkeras.cli import command
+from hvdkeras.cli import parse as cli
+from hvdkeras.cli import supervise as supervision
 
 
 def test_mismatch_message_names_the_first_differing_variable():
     rank0 = [("dense/kernel", (6, 8), "float32"), ("dense/bias", (8,), "float32")]
     rank1 = [("dense/kernel", (6, 9), "float32"), ("dense/bias", (9,), "float32")]
-    message = basics._mismatch_message([rank0, rank1])
+    message = collectives._mismatch_message([rank0, rank1])
     assert "variable #0" in message
     assert "rank 0 has 'dense/kernel' shape=(6, 8) dtype=float32" in message
     assert "rank 1 has 'dense/kernel' shape=(6, 9) dtype=float32" in message
     extra = rank0 + [("dense_1/kernel", (8, 3), "float32")]
-    message = basics._mismatch_message([rank0, extra])
+    message = collectives._mismatch_message([rank0, extra])
     assert "variable #2: rank 0 has nothing, rank 1 has 'dense_1/kernel'" in message
     assert "rank 0 has 2 variables, rank 1 has 3" in message
 

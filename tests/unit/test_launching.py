@@ -2,8 +2,9 @@
 
 import pytest
 
-from hvdkeras import launching
-from hvdkeras.launching import LaunchEnvError, detect
+from hvdkeras.job import launchers as launching
+from hvdkeras.job.launchers import LaunchEnvError, detect
+from hvdkeras.job.launchers import env as launchers_env
 
 # Recorded from `srun -n 2` task 1 on this host's Slurm 22.05 (the variables hvdkeras reads, and neighbours).
 SRUN_TASK1 = {
@@ -191,7 +192,8 @@ def test_tf_config_port_skips_the_cluster_ports():
     # An evaluator's server port counts as taken too: the derived port moves on to the next one.
     taken = detect(tf_config({**cluster, "evaluator": [f"e:{derived}"]}, "worker", 0))
     assert taken.job_id == env.job_id and taken.rendezvous_port == derived + 1
-    assert launching._port({}, "job", "X", avoid={launching.derived_port("job")}) == launching.derived_port("job") + 1
+    port = launching.derived_port("job")
+    assert launchers_env._port({}, "job", "X", avoid={port}) == port + 1
     with_port = detect({**tf_config(cluster, "worker", 1), "MASTER_PORT": "29400"})
     assert with_port.rendezvous_port == 29400
 

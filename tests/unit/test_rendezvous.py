@@ -6,8 +6,8 @@ import threading
 
 import pytest
 
-from hvdkeras import rendezvous as R
-from hvdkeras.launching import LaunchEnv
+from hvdkeras.job import rendezvous as R
+from hvdkeras.job.launchers import LaunchEnv
 
 
 def entry(rank, size=2, host="h0", pid=None, job="job-1"):
@@ -180,7 +180,7 @@ def test_a_second_claim_on_a_rank_is_a_conflict():
 def test_stop_restores_the_excepthook_the_rendezvous_installed(monkeypatch):
     import sys
 
-    from hvdkeras.rendezvous import diagnosis
+    from hvdkeras.job.rendezvous import diagnosis
 
     before = sys.excepthook
     diagnosis.install_excepthook({0: {}, 1: {}}, 0)

@@ -90,7 +90,8 @@ def test_the_table_is_the_one_list_of_variables_the_package_names():
 
 
 def test_flags_and_wrap_options_are_derived_from_the_training_settings():
-    from hvdkeras import cli, wrap
+    from hvdkeras import wrap
+    from hvdkeras.cli import parse as cli
 
     training = [f.name for f in settings.training_settings()]
     assert list(cli.WRAP_FLAGS) == training

@@ -1,4 +1,4 @@
-"""The priority of the threads Horovod starts (hvdkeras._threads), with a stand-in for Horovod's start."""
+"""The priority of the threads Horovod starts (hvdkeras.job.threads), with a stand-in for Horovod's start."""
 
 import logging
 import os
@@ -6,7 +6,7 @@ import threading
 
 import pytest
 
-from hvdkeras import _threads
+from hvdkeras.job import threads as _threads
 
 GLOO = {"HOROVOD_GLOO_RENDEZVOUS_ADDR": "10.0.0.1"}  # as hvdkeras's rendezvous and horovodrun --gloo set it
 
@@ -93,7 +93,7 @@ def test_without_the_privilege_the_threads_keep_their_priority_and_it_is_said(mo
 
 def test_starting_horovod_across_hosts_renices_what_it_started(monkeypatch):
     from hvdkeras import _collectives as C
-    from hvdkeras import basics
+    from hvdkeras.job import lifecycle
 
     start = Started()
     monkeypatch.setattr(C, "init", lambda comm=None, process_sets=None: start())
@@ -101,18 +101,18 @@ def test_starting_horovod_across_hosts_renices_what_it_started(monkeypatch):
     mine = nice_of(threading.get_native_id())
     monkeypatch.setenv("HVDKERAS_HOROVOD_NICE", str(min(mine + 3, 19)))
     try:
-        assert basics._start_horovod(None, None) == [start.tid] and nice_of(start.tid) == min(mine + 3, 19)
+        assert lifecycle._start_horovod(None, None) == [start.tid] and nice_of(start.tid) == min(mine + 3, 19)
     finally:
         start.done.set()
 
 
 def test_a_bad_nice_value_fails_before_horovod_starts(monkeypatch):
     from hvdkeras import _collectives as C
-    from hvdkeras import basics
+    from hvdkeras.job import lifecycle
 
     calls = []
     monkeypatch.setattr(C, "init", lambda comm=None, process_sets=None: calls.append(1))
     monkeypatch.setenv("HVDKERAS_HOROVOD_NICE", "urgent")
     with pytest.raises(ValueError, match="Received: HVDKERAS_HOROVOD_NICE='urgent'"):
-        basics._start_horovod(None, None)
+        lifecycle._start_horovod(None, None)
     assert calls == []

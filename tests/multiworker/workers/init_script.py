@@ -20,7 +20,7 @@ from _digits import cnn, load  # noqa: E402
 from common import weights_digest  # noqa: E402
 
 import hvdkeras as hvd  # noqa: E402
-from hvdkeras import _threads  # noqa: E402
+from hvdkeras.job import threads as _threads  # noqa: E402
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--epochs", type=int, default=1)

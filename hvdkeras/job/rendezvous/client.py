@@ -11,8 +11,8 @@ import json
 import socket
 import time
 
-from hvdkeras.launching import LaunchEnv
-from hvdkeras.rendezvous.errors import (
+from hvdkeras.job.launchers import LaunchEnv
+from hvdkeras.job.rendezvous.errors import (
     RendezvousAddressError,
     RendezvousConflictError,
     RendezvousConnectionError,
@@ -20,7 +20,7 @@ from hvdkeras.rendezvous.errors import (
     RendezvousProtocolError,
     RendezvousTimeoutError,
 )
-from hvdkeras.rendezvous.registry import SCOPE
+from hvdkeras.job.rendezvous.registry import SCOPE
 
 _REQUEST_TIMEOUT = 3.0
 

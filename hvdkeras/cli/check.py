@@ -7,7 +7,7 @@ import subprocess
 import sys
 import textwrap
 
-from hvdkeras.command import find_horovodrun
+from hvdkeras.cli.command import find_horovodrun
 
 CHECK_WORKER = textwrap.dedent(
     """

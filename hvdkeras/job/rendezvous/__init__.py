@@ -18,10 +18,10 @@ import threading
 from typing import Mapping, MutableMapping
 
 from hvdkeras import settings
-from hvdkeras.launching import LaunchEnv
-from hvdkeras.rendezvous.client import interface_of, join, resolve, route_ip
-from hvdkeras.rendezvous.diagnosis import Probe, install_excepthook, restore_excepthook, unreachable_peers
-from hvdkeras.rendezvous.errors import (
+from hvdkeras.job.launchers import LaunchEnv
+from hvdkeras.job.rendezvous.client import interface_of, join, resolve, route_ip
+from hvdkeras.job.rendezvous.diagnosis import Probe, install_excepthook, restore_excepthook, unreachable_peers
+from hvdkeras.job.rendezvous.errors import (
     RendezvousAddressError,
     RendezvousBindError,
     RendezvousConflictError,
@@ -33,7 +33,7 @@ from hvdkeras.rendezvous.errors import (
     RendezvousSizeError,
     RendezvousTimeoutError,
 )
-from hvdkeras.rendezvous.registry import Registry, Server, assign, host_slots
+from hvdkeras.job.rendezvous.registry import Registry, Server, assign, host_slots
 
 __all__ = [
     "Formed", "Probe", "Registry", "RendezvousAddressError", "RendezvousBindError", "RendezvousConflictError",

@@ -17,7 +17,7 @@ DEFAULT_MASTER_PORT = 29500
 
 @dataclasses.dataclass(frozen=True)
 class RunConfig:
-    """A checked `hvdkeras run` command line (made by `hvdkeras.cli.validate`)."""
+    """A checked `hvdkeras run` command line (made by `hvdkeras.cli.parse.validate`)."""
 
     np: int
     hosts: str

@@ -15,7 +15,7 @@ import threading
 from typing import Any, Mapping
 
 from hvdkeras import _collectives as C
-from hvdkeras.rendezvous.errors import RendezvousBindError, RendezvousPortInUseError
+from hvdkeras.job.rendezvous.errors import RendezvousBindError, RendezvousPortInUseError
 
 SCOPE = "hvdkeras"
 

@@ -5,7 +5,7 @@
     hvdkeras check
 
 This module is the parser and the validation (`build_parser`, `validate` -> a RunConfig) and `main`; the
-command is built by `hvdkeras.command`, run by `hvdkeras.supervision`; `check` is `hvdkeras.check`.
+command is built by `hvdkeras.cli.command`, run by `hvdkeras.cli.supervise`; `check` is `hvdkeras.cli.check`.
 """
 
 from __future__ import annotations
@@ -18,9 +18,9 @@ import sys
 from typing import Callable, Sequence
 
 from hvdkeras import settings
-from hvdkeras.command import DEFAULT_MASTER_PORT, RunConfig, build_command, build_node_workers, find_horovodrun
+from hvdkeras.cli.command import DEFAULT_MASTER_PORT, RunConfig, build_command, build_node_workers, find_horovodrun
+from hvdkeras.cli.supervise import stream, supervise
 from hvdkeras.settings import DEFAULT_STALL_TIMEOUT
-from hvdkeras.supervision import stream, supervise
 
 EXIT_USAGE = 2
 _HOST = re.compile(r"^[A-Za-z0-9_.\-\[\]:]*[A-Za-z0-9_.\-\]]:(\d+)$")
@@ -216,7 +216,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     ns = parser.parse_args(argv)
     if ns.command == "check":
-        from hvdkeras.check import check
+        from hvdkeras.cli.check import check
 
         return check(ns.timeout)
     try:
