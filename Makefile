@@ -27,6 +27,8 @@ $(STAMP): setup.cfg pyproject.toml scripts/install_horovod.sh Makefile
 	$(PY) -m pip install --quiet "$(TORCH_SPEC)" "$(RAY_SPEC)"
 	$(PY) -m pip install --quiet -e ".[test,examples,dev,torch,spark,ray]"
 	$(PY) -m pip install --quiet --no-deps "$(TF_KERAS_SPEC)"
+	# lab/ (netlab: the test hosts and Slurm) on the venv's path, for the multi-worker tests and the benchmarks.
+	$(PY) -c "import site, sys; open(site.getsitepackages()[0] + '/hvdkeras-lab.pth', 'w').write(sys.argv[1] + '\n')" "$(CURDIR)/lab"
 	$(VENV)/bin/horovodrun --check-build
 	touch $(STAMP)
 

@@ -49,7 +49,6 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
-sys.path.insert(0, str(REPO / "tests" / "multiworker"))
 
 KERAS3_VARIANTS = ("hvdkeras", "hvdkeras_single", "hvdkeras_fp16", "horovod_tape")
 LABELS = {"hvdkeras": "hvdkeras (default: buckets)", "hvdkeras_single": "hvdkeras bucket_bytes=0 (one allreduce)",
@@ -338,7 +337,7 @@ def main(argv=None) -> int:
               file=sys.stderr)
         return 2
 
-    from lab import LabHosts
+    from netlab import LabHosts
 
     tmp = Path(tempfile.mkdtemp(prefix="hvdk-netbench-"))
     lab = LabHosts(tmp, subnet=78).start()

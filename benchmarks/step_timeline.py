@@ -33,7 +33,6 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
-sys.path.insert(0, str(REPO / "tests" / "multiworker"))
 from network_benchmark import parse_env, parse_inter_op, parse_rates, run_on_hosts  # noqa: E402
 
 
@@ -232,7 +231,7 @@ def main(argv=None) -> int:
     settings = parse_inter_op(parser, args.inter_op)
     if os.geteuid() != 0:
         raise SystemExit("step_timeline.py needs root (network namespaces and tc)")
-    from lab import LabHosts
+    from netlab import LabHosts
 
     tmp = Path(tempfile.mkdtemp(prefix="hvdk-timeline-"))
     lab = LabHosts(tmp, subnet=79).start()

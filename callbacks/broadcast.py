@@ -195,4 +195,4 @@ class BroadcastGlobalVariablesCallback(HvdCallback):
                 "Were some gradients applied outside a DistributedOptimizer? Pass per-worker variables as "
                 "local_variables. ")
         collectives.check_in_sync([v for v in self.model.trainable_variables if var_id(v) not in local],
-                             when=f"after epoch {epoch + 1}", hint=hint)
+                                  when=f"after epoch {epoch + 1}", hint=hint)

@@ -4,9 +4,10 @@ worker scripts that need no fresh process run in one launch (`scenarios`)."""
 import json
 
 import pytest
-from lab import POD0, LabHosts, Slurm, require
 
-from launch import WORKERS, Job, horovodrun_command, run_command
+from netlab import POD0, LabHosts, Slurm
+
+from launch import WORKERS, Job, horovodrun_command, require, run_command
 
 
 def pytest_collection_modifyitems(items):

@@ -17,6 +17,9 @@ from pathlib import Path
 import psutil
 import pytest
 
+import netlab
+from netlab import kill_tree
+
 HERE = Path(__file__).resolve().parent
 WORKERS = HERE / "workers"
 REPO = HERE.parent.parent
@@ -35,18 +38,11 @@ class Job:
         pytest.fail(f"{why}\n--- workers' output (last 20000 chars) ---\n{self.output[-20000:]}", pytrace=False)
 
 
-def kill_tree(pid: int) -> None:
-    try:
-        parent = psutil.Process(pid)
-    except psutil.NoSuchProcess:
-        return
-    procs = parent.children(recursive=True) + [parent]
-    for p in procs:
-        try:
-            p.kill()
-        except psutil.NoSuchProcess:
-            pass
-    psutil.wait_procs(procs, timeout=10)
+def require(*commands: str, root: bool = True) -> None:
+    """Skips the test with the reason unless the lab can run here (root, these commands on PATH)."""
+    reason = netlab.missing(*commands, root=root)
+    if reason:
+        pytest.skip(reason)
 
 
 def dump_and_kill(pid: int) -> None:

@@ -4,9 +4,8 @@ import json
 import sys
 
 import pytest
-from lab import require
 
-from launch import REPO, VENV_BIN, run_command
+from launch import REPO, VENV_BIN, require, run_command
 
 EXAMPLES = REPO / "examples"
 

@@ -11,9 +11,10 @@ import time
 
 import pytest
 from jobcheck import SCRIPTS, check_two_workers, lines_by_rank, run_args, worker_command
-from lab import POD0, LabHosts, require
 
-from launch import REPO, VENV_BIN, Started, run_command, show
+from netlab import POD0, LabHosts
+
+from launch import REPO, VENV_BIN, Started, require, run_command, show
 
 LAUNCH_TIMEOUT = 300
 HVDKERAS = str(VENV_BIN / "hvdkeras")

@@ -11,9 +11,8 @@ import time
 
 import pytest
 from jobcheck import SCRIPTS, check_two_workers, lines_by_rank, worker_command
-from lab import require
 
-from launch import REPO, Started, run_command, run_processes, show
+from launch import REPO, Started, require, run_command, run_processes, show
 
 LAUNCH_TIMEOUT = 300
 

@@ -11,22 +11,6 @@ from hvdkeras import data
 from hvdkeras.data import batch_slice, split_batch, split_batches
 
 
-def elements(ds):
-    return [tuple(np.asarray(e).ravel().tolist()) for e in ds.as_numpy_iterator()]
-
-
-def check_partition(make, n_items, num_shards, unit_items):
-    """Shards pairwise disjoint, equal lengths, union = data minus a remainder < num_shards units."""
-    shards = [elements(make(i)) for i in range(num_shards)]
-    lengths = {len(s) for s in shards}
-    assert len(lengths) == 1
-    flat = [e for s in shards for e in s]
-    assert len(flat) == len(set(flat))
-    dropped_units = (n_items - len(flat) * unit_items) // unit_items if unit_items else 0
-    assert 0 <= dropped_units < num_shards
-    return shards
-
-
 @settings(max_examples=25, deadline=None)
 @given(n=st.integers(1, 120), num_shards=st.integers(1, 7), batch=st.integers(1, 9),
        batch_first=st.booleans(), unknown=st.booleans())
@@ -224,3 +208,21 @@ def test_split_batches_of_a_py_dataset_and_bad_input():
     assert [split[i][0].tolist() for i in range(2)] == [[0, 1], [4, 5]]
     with pytest.raises(TypeError, match="Received: data of type list"):
         split_batches([1, 2], num_shards=2, index=0)
+
+
+def test_steps_per_epoch_larger_than_the_shard(hvd, monkeypatch, fake_seam):
+    fake_seam.set(size=2)
+    shard = tf.data.Dataset.range(10).batch(2)  # 5 batches on this worker
+    data.check_steps(shard, 5)
+    with pytest.raises(ValueError, match=r"holds: 5 batches .*Received: steps_per_epoch=6"):
+        data.check_steps(shard, 6)
+    data.check_steps(shard.repeat(), 1000)  # repeated: nothing to check
+    with pytest.raises(ValueError, match=r"holds: 2 batches .*Received: steps_per_epoch=3"):
+        data.check_steps((np.zeros((40, 2)), np.zeros(40)), 3, batch_size=32)
+
+
+def test_unbatched_dataset_is_rejected():
+    ds = tf.data.Dataset.from_tensor_slices((np.zeros((8, 3), "float32"), np.zeros(8)))
+    with pytest.raises(ValueError, match="fit needs a batched dataset.*Received: a dataset with element_spec="):
+        data.check_batched(ds, [2])
+    data.check_batched(ds.batch(4), [2])

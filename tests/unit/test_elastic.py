@@ -4,8 +4,6 @@ import keras
 import numpy as np
 import pytest
 
-from hvdkeras import _collectives as C
-
 
 def make(hvd):
     keras.utils.set_random_seed(0)
@@ -48,8 +46,8 @@ def test_callbacks_track_batch_epoch_and_commit(hvd):
         hvd.elastic.CommitStateCallback(state, batches_per_commit=0)
 
 
-def test_reset_rescales_the_learning_rate(hvd, monkeypatch):
+def test_reset_rescales_the_learning_rate(hvd, monkeypatch, fake_seam):
     model, state = make(hvd)  # built at size 1: base lr 0.1
-    monkeypatch.setattr(C, "size", lambda: 3)
+    fake_seam.set(size=3)
     state.reset()
     assert float(model.optimizer.learning_rate) == pytest.approx(0.3)

@@ -7,7 +7,6 @@ import warnings
 import keras
 import pytest
 
-from hvdkeras import _collectives as C
 from hvdkeras import keras_output
 
 
@@ -23,10 +22,10 @@ def model():
 
 
 @pytest.mark.parametrize("rank", [0, 1])
-def test_summary_and_keras_messages_on_rank_zero_only(quiet, monkeypatch, capsys, rank):
+def test_summary_and_keras_messages_on_rank_zero_only(quiet, monkeypatch, capsys, rank, fake_seam):
     from keras.src.utils import io_utils
 
-    monkeypatch.setattr(C, "rank", lambda: rank)
+    fake_seam.set(rank=rank)
     model().summary()
     io_utils.print_msg("Epoch 3: early stopping")
     print("the script's own line")
@@ -35,10 +34,10 @@ def test_summary_and_keras_messages_on_rank_zero_only(quiet, monkeypatch, capsys
     assert "the script's own line" in out
 
 
-def test_plot_model_writes_nothing_on_other_ranks(quiet, monkeypatch, tmp_path):
+def test_plot_model_writes_nothing_on_other_ranks(quiet, monkeypatch, tmp_path, fake_seam):
     import keras._tf_keras.keras as tf_keras
 
-    monkeypatch.setattr(C, "rank", lambda: 1)
+    fake_seam.set(rank=1)
     assert keras.utils.plot_model(model(), to_file=str(tmp_path / "m.png")) is None
     assert tf_keras.utils.plot_model(model(), to_file=str(tmp_path / "n.png")) is None
     assert list(tmp_path.iterdir()) == []
@@ -52,8 +51,8 @@ def _keras_warns():
 
 
 @pytest.mark.parametrize("rank", [0, 1])
-def test_keras_warnings_and_log_records_on_rank_zero_only(quiet, monkeypatch, caplog, rank):
-    monkeypatch.setattr(C, "rank", lambda: rank)
+def test_keras_warnings_and_log_records_on_rank_zero_only(quiet, monkeypatch, caplog, rank, fake_seam):
+    fake_seam.set(rank=rank)
     shown = []
     # Where Python's own showwarning (which the patch calls) writes a warning: recorded here instead.
     monkeypatch.setattr(warnings, "_showwarnmsg_impl", lambda message: shown.append(str(message.message)))

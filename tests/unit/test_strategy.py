@@ -10,7 +10,6 @@ import pytest
 import tensorflow as tf
 
 import hvdkeras
-from hvdkeras import _collectives as C
 from hvdkeras import strategy
 
 
@@ -67,10 +66,10 @@ def test_multi_worker_mirrored_strategy_is_stood_in_for_with_one_warning(hvd, ca
     assert tf.distribute.MultiWorkerMirroredStrategy is original
 
 
-def test_learning_rates_of_a_strategy_scope_are_read_scaled_and_set(hvd, monkeypatch):
+def test_learning_rates_of_a_strategy_scope_are_read_scaled_and_set(hvd, monkeypatch, fake_seam):
     from hvdkeras.learning_rate import as_float, check_learning_rate
 
-    monkeypatch.setattr(C, "size", lambda: 2)
+    fake_seam.set(size=2)
     with tf.distribute.MirroredStrategy().scope():
         optimizer = keras.optimizers.Adam(0.001)
         model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])

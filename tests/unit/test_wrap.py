@@ -6,9 +6,9 @@ import warnings
 import keras
 import numpy as np
 import pytest
+import tensorflow as tf
 
 import hvdkeras
-from hvdkeras import _collectives as C
 from hvdkeras import wrap
 from hvdkeras.optimizer import DistributedOptimizer
 
@@ -35,8 +35,8 @@ def model():
 
 @pytest.mark.parametrize("optimizer", ["adam", keras.optimizers.Adam(0.001), {"class_name": "Adam",
                                                                                "config": {"learning_rate": 0.001}}])
-def test_compile_wraps_and_scales(per_worker, monkeypatch, optimizer):
-    monkeypatch.setattr(C, "size", lambda: 4)
+def test_compile_wraps_and_scales(per_worker, monkeypatch, optimizer, fake_seam):
+    fake_seam.set(size=4)
     m = model()
     m.compile(optimizer=optimizer, loss="mse", jit_compile=True)
     assert isinstance(m.optimizer, DistributedOptimizer)
@@ -56,22 +56,22 @@ def test_compile_under_mixed_precision_puts_loss_scaling_inside(installed):
     assert isinstance(m.optimizer.inner_optimizer, keras.optimizers.LossScaleOptimizer)
 
 
-def test_save_writes_on_rank_zero_only(installed, monkeypatch, tmp_path):
+def test_save_writes_on_rank_zero_only(installed, monkeypatch, tmp_path, fake_seam):
     m = model()
     m.compile(optimizer="sgd", loss="mse")
-    monkeypatch.setattr(C, "rank", lambda: 1)
+    fake_seam.set(rank=1)
     m.save(tmp_path / "a.keras")
     m.save_weights(tmp_path / "a.weights.h5")
     assert list(tmp_path.iterdir()) == []
-    monkeypatch.setattr(C, "rank", lambda: 0)
+    fake_seam.set(rank=0)
     m.save(tmp_path / "a.keras")
     m.save_weights(tmp_path / "a.weights.h5")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a.keras", "a.weights.h5"]
 
 
-def test_fit_shards_arrays_and_validation_split(per_worker, monkeypatch):
-    monkeypatch.setattr(C, "size", lambda: 2)
-    monkeypatch.setattr(C, "rank", lambda: 1)
+def test_fit_shards_arrays_and_validation_split(per_worker, monkeypatch, fake_seam):
+    fake_seam.set(size=2)
+    fake_seam.set(rank=1)
     seen = {}
 
     def fake_fit(self, **kwargs):
@@ -101,9 +101,9 @@ def test_uninstall_restores_keras(hvd):
     assert keras.Model.fit is original
 
 
-def test_a_script_compiling_with_a_distributed_optimizer_is_left_alone(installed, monkeypatch, tmp_path):
+def test_a_script_compiling_with_a_distributed_optimizer_is_left_alone(installed, monkeypatch, tmp_path, fake_seam):
     """Explicit-API scripts shard and gate their own writes: no second sharding, no barrier in save."""
-    monkeypatch.setattr(C, "size", lambda: 2)
+    fake_seam.set(size=2)
     m = model()
     opt = DistributedOptimizer(keras.optimizers.SGD(0.1))
     m.compile(optimizer=opt, loss="mse")
@@ -112,16 +112,17 @@ def test_a_script_compiling_with_a_distributed_optimizer_is_left_alone(installed
     monkeypatch.setattr(wrap, "_sharded_fit_inputs", lambda kwargs, batch: seen.setdefault("sharded", True) and kwargs)
     m.fit(np.ones((8, 3), "float32"), np.ones((8, 2), "float32"), epochs=1, verbose=0)
     assert "sharded" not in seen
-    monkeypatch.setattr(C, "rank", lambda: 1)
+    fake_seam.set(rank=1)
     m.save(tmp_path / "rank1.keras")  # the script asked for it on this rank: it is written, nothing waits
     assert (tmp_path / "rank1.keras").exists()
 
 
-def test_load_model_compiles_with_the_scripts_loss_and_keeps_the_saved_rate(per_worker, monkeypatch, tmp_path):
+def test_load_model_compiles_with_the_scripts_loss_and_keeps_the_saved_rate(per_worker, monkeypatch, tmp_path,
+                                                                            fake_seam):
     """keras.models.load_model in a job: Keras's compile_from_config compiles the model (the patch is on the
     class that defines compile, so Keras does not take it for an override), with the saved loss and metrics,
     and the saved rate is not scaled a second time."""
-    monkeypatch.setattr(C, "size", lambda: 2)
+    fake_seam.set(size=2)
     m = model()
     m.compile(optimizer=keras.optimizers.Adam(0.001), loss="mse", metrics=["mae"])
     m.save(tmp_path / "m.keras")
@@ -148,8 +149,8 @@ class TwoOptimizers(keras.Model):
         self.b_optimizer = b_optimizer
 
 
-def test_fit_distributes_the_optimizers_a_model_holds(per_worker, monkeypatch):
-    monkeypatch.setattr(C, "size", lambda: 2)
+def test_fit_distributes_the_optimizers_a_model_holds(per_worker, monkeypatch, fake_seam):
+    fake_seam.set(size=2)
     m = TwoOptimizers()
     m.compile(keras.optimizers.Adam(0.001), keras.optimizers.SGD(0.01))
 
@@ -164,7 +165,7 @@ def test_fit_distributes_the_optimizers_a_model_holds(per_worker, monkeypatch):
     assert list(hvdkeras.models.held_optimizers(m)) == ["optimizer", "a_optimizer", "b_optimizer"]
 
 
-def test_predict_prints_progress_on_rank_zero_only(installed, monkeypatch):
+def test_predict_prints_progress_on_rank_zero_only(installed, monkeypatch, fake_seam):
     seen = {}
 
     def fake_predict(self, **kwargs):
@@ -173,10 +174,10 @@ def test_predict_prints_progress_on_rank_zero_only(installed, monkeypatch):
     fake_predict.__signature__ = inspect.signature(keras.Model.predict.__wrapped__)
     m = model()
     x = np.ones((10, 3), "float32")
-    monkeypatch.setattr(C, "rank", lambda: 1)
+    fake_seam.set(rank=1)
     wrap._predict(fake_predict, m, x, verbose=1)
     assert seen["verbose"] == 0 and seen["x"] is x  # every worker predicts all of its input
-    monkeypatch.setattr(C, "rank", lambda: 0)
+    fake_seam.set(rank=0)
     wrap._predict(fake_predict, m, x, verbose=1)
     assert seen["verbose"] == 1
 
@@ -191,8 +192,8 @@ def _warmup_in_fit(m):
     return warmup
 
 
-def test_warmup_warms_up_while_the_script_leaves_the_rate_alone(hvd, monkeypatch):
-    monkeypatch.setattr(C, "size", lambda: 2)
+def test_warmup_warms_up_while_the_script_leaves_the_rate_alone(hvd, monkeypatch, fake_seam):
+    fake_seam.set(size=2)
     m = model()
     m.compile(optimizer=DistributedOptimizer(keras.optimizers.SGD(0.02)), loss="mse")
     warmup = _warmup_in_fit(m)
@@ -207,10 +208,10 @@ def test_warmup_warms_up_while_the_script_leaves_the_rate_alone(hvd, monkeypatch
 
 
 @pytest.mark.parametrize("when", ["before the first batch", "after warm-up"])
-def test_warmup_hands_the_rate_over_when_the_script_sets_it(hvd, monkeypatch, when):
+def test_warmup_hands_the_rate_over_when_the_script_sets_it(hvd, monkeypatch, when, fake_seam):
     """The rule: once the script sets the rate (its own callback, LearningRateScheduler, ...), hvdkeras stops
     warming up and the rate stays what the script set."""
-    monkeypatch.setattr(C, "size", lambda: 2)
+    fake_seam.set(size=2)
     m = model()
     m.compile(optimizer=DistributedOptimizer(keras.optimizers.SGD(0.02)), loss="mse")
     warmup = _warmup_in_fit(m)
@@ -242,8 +243,8 @@ def _captured_fit(m, *args, **kwargs):
     return seen
 
 
-def test_global_batch_leaves_the_rate_and_adds_no_warmup(installed, monkeypatch):
-    monkeypatch.setattr(C, "size", lambda: 4)
+def test_global_batch_leaves_the_rate_and_adds_no_warmup(installed, monkeypatch, fake_seam):
+    fake_seam.set(size=4)
     m = model()
     m.compile(optimizer=keras.optimizers.Adam(0.001), loss="mse")
     assert float(m.optimizer.learning_rate) == pytest.approx(0.001)
@@ -252,8 +253,8 @@ def test_global_batch_leaves_the_rate_and_adds_no_warmup(installed, monkeypatch)
     assert "_Warmup" not in kinds and kinds[:2] == ["BroadcastGlobalVariablesCallback", "MetricAverageCallback"]
 
 
-def test_an_explicit_lr_scaling_applies_under_the_global_batch_too(hvd, monkeypatch):
-    monkeypatch.setattr(C, "size", lambda: 4)
+def test_an_explicit_lr_scaling_applies_under_the_global_batch_too(hvd, monkeypatch, fake_seam):
+    fake_seam.set(size=4)
     wrap.install(wrap.Options(lr_scaling="sqrt"))
     try:
         m = model()
@@ -268,11 +269,11 @@ def _rows(dataset):
 
 
 @pytest.mark.parametrize("rank", [0, 1])
-def test_global_batch_arrays_become_keras_own_batches_split(installed, monkeypatch, rank):
+def test_global_batch_arrays_become_keras_own_batches_split(installed, monkeypatch, rank, fake_seam):
     """Arrays become the batches Keras makes of them in one process (here unshuffled), and each worker takes its
     rows of every batch: 20 rows, batch_size 8 -> batches of 8, 8 and 4, rank r takes 4, 4 and 2 of them."""
-    monkeypatch.setattr(C, "size", lambda: 2)
-    monkeypatch.setattr(C, "rank", lambda: rank)
+    fake_seam.set(size=2)
+    fake_seam.set(rank=rank)
     m = model()
     m.compile(optimizer="sgd", loss="mse")
     x = np.arange(60, dtype="float32").reshape(20, 3)
@@ -286,8 +287,8 @@ def test_global_batch_arrays_become_keras_own_batches_split(installed, monkeypat
     assert np.asarray(seen["validation_data"][0])[:, 0].tolist() == ([0.0, 6.0] if rank == 0 else [3.0, 9.0])
 
 
-def test_global_batch_keeps_class_weights_as_sample_weights(installed, monkeypatch):
-    monkeypatch.setattr(C, "size", lambda: 2)
+def test_global_batch_keeps_class_weights_as_sample_weights(installed, monkeypatch, fake_seam):
+    fake_seam.set(size=2)
     m = model()
     m.compile(optimizer="sgd", loss="mse")
     x, y = np.ones((4, 3), "float32"), np.array([0, 1, 1, 0], "int64")
@@ -296,11 +297,11 @@ def test_global_batch_keeps_class_weights_as_sample_weights(installed, monkeypat
     assert seen["class_weight"] is None and np.asarray(batch[2]).tolist() == [1.0, 5.0]
 
 
-def test_global_batch_splits_datasets_py_datasets_and_generators(installed, monkeypatch):
+def test_global_batch_splits_datasets_py_datasets_and_generators(installed, monkeypatch, fake_seam):
     import tensorflow as tf
 
-    monkeypatch.setattr(C, "size", lambda: 2)
-    monkeypatch.setattr(C, "rank", lambda: 1)
+    fake_seam.set(size=2)
+    fake_seam.set(rank=1)
     m = model()
     m.compile(optimizer="sgd", loss="mse")
     x = np.arange(30, dtype="float32").reshape(10, 3)
@@ -323,10 +324,10 @@ def test_unmodified_scripts_take_the_batch_convention_from_the_environment():
     assert wrap.Options().scaling_rule == "none" and wrap.Options(batch="per-worker").scaling_rule == "linear"
 
 
-def test_per_worker_batch_leaves_an_infinite_dataset_whole_with_a_warning(per_worker, monkeypatch):
+def test_per_worker_batch_leaves_an_infinite_dataset_whole_with_a_warning(per_worker, monkeypatch, fake_seam):
     import tensorflow as tf
 
-    monkeypatch.setattr(C, "size", lambda: 2)
+    fake_seam.set(size=2)
     m = model()
     m.compile(optimizer="sgd", loss="mse")
     endless = tf.data.Dataset.from_tensors((np.ones((4, 3), "float32"), np.ones((4, 2), "float32"))).repeat()
@@ -336,19 +337,19 @@ def test_per_worker_batch_leaves_an_infinite_dataset_whole_with_a_warning(per_wo
     assert seen["x"] is endless
 
 
-def test_global_batch_arrays_shuffled_differently_get_one_shared_shuffle(installed, monkeypatch):
+def test_global_batch_arrays_shuffled_differently_get_one_shared_shuffle(installed, monkeypatch, fake_seam):
     """Workers whose first batches differ (unseeded, or seeded by rank) get the rows shuffled with rank 0's seed:
     both ranks then cut the same global batches, which together cover every row once per epoch, each epoch
     in another order."""
-    monkeypatch.setattr(C, "size", lambda: 2)
-    monkeypatch.setattr(C, "allgather_object", lambda obj, name=None: [obj, "another worker's first batch"])
-    monkeypatch.setattr(C, "broadcast_object", lambda obj, root_rank=0, name=None: 1234)
+    fake_seam.set(size=2)
+    fake_seam.set(allgather_object=lambda obj, name=None: [obj, "another worker's first batch"])
+    fake_seam.set(broadcast_object=lambda obj, root_rank=0, name=None: 1234)
     wrap._state["warned"].clear()
     x = np.arange(40, dtype="float32").reshape(20, 2)
     y = np.zeros((20, 1), "float32")
     epochs = {}
     for rank in (0, 1):
-        monkeypatch.setattr(C, "rank", lambda rank=rank: rank)
+        fake_seam.set(rank=rank)
         m = model()
         m.compile(optimizer="sgd", loss="mse")
         wrap._state["warned"].discard("shuffle-seed")
@@ -364,3 +365,17 @@ def test_global_batch_arrays_shuffled_differently_get_one_shared_shuffle(install
         assert [len(rows) for rows in both] == [8, 8, 4]
         assert sorted(v for rows in both for v in rows) == [2.0 * i for i in range(20)]
     assert epochs[0][0] != epochs[0][1]  # shuffled anew each epoch
+
+
+def test_wrapped_fit_rejects_bad_steps_and_unbatched_data(hvd):
+    wrap.install(wrap.Options(no_shard=True))
+    try:
+        model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
+        model.compile(optimizer="sgd", loss="mse")
+        ds = tf.data.Dataset.from_tensor_slices((np.zeros((8, 3), "float32"), np.zeros(8, "float32")))
+        with pytest.raises(ValueError, match="batched dataset"):
+            model.fit(ds, epochs=1, verbose=0)
+        with pytest.raises(ValueError, match="Received: steps_per_epoch=5"):
+            model.fit(ds.batch(4), steps_per_epoch=5, epochs=1, verbose=0)
+    finally:
+        wrap.uninstall()

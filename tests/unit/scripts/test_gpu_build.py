@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "gpu_build.py"
+SCRIPT = Path(__file__).resolve().parents[3] / "scripts" / "gpu_build.py"
 spec = importlib.util.spec_from_file_location("gpu_build", SCRIPT)
 gpu_build = importlib.util.module_from_spec(spec)
 sys.modules["gpu_build"] = gpu_build  # its dataclasses look their module up

@@ -91,12 +91,11 @@ def test_without_the_privilege_the_threads_keep_their_priority_and_it_is_said(mo
         start.done.set()
 
 
-def test_starting_horovod_across_hosts_renices_what_it_started(monkeypatch):
-    from hvdkeras import _collectives as C
+def test_starting_horovod_across_hosts_renices_what_it_started(monkeypatch, fake_seam):
     from hvdkeras.job import lifecycle
 
     start = Started()
-    monkeypatch.setattr(C, "init", lambda comm=None, process_sets=None: start())
+    fake_seam.set(init=lambda comm=None, process_sets=None: start())
     monkeypatch.setenv("HOROVOD_CROSS_SIZE", "2")
     mine = nice_of(threading.get_native_id())
     monkeypatch.setenv("HVDKERAS_HOROVOD_NICE", str(min(mine + 3, 19)))
@@ -106,12 +105,11 @@ def test_starting_horovod_across_hosts_renices_what_it_started(monkeypatch):
         start.done.set()
 
 
-def test_a_bad_nice_value_fails_before_horovod_starts(monkeypatch):
-    from hvdkeras import _collectives as C
+def test_a_bad_nice_value_fails_before_horovod_starts(monkeypatch, fake_seam):
     from hvdkeras.job import lifecycle
 
     calls = []
-    monkeypatch.setattr(C, "init", lambda comm=None, process_sets=None: calls.append(1))
+    fake_seam.set(init=lambda comm=None, process_sets=None: calls.append(1))
     monkeypatch.setenv("HVDKERAS_HOROVOD_NICE", "urgent")
     with pytest.raises(ValueError, match="Received: HVDKERAS_HOROVOD_NICE='urgent'"):
         lifecycle._start_horovod(None, None)

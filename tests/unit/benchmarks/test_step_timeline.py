@@ -1,17 +1,13 @@
 """The one-step timeline's reading of Horovod's timeline and of the workers' profiled ops, on a recorded step."""
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import pytest
 
-BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
-sys.path.insert(0, str(BENCHMARKS))  # step_timeline imports network_benchmark
-spec = importlib.util.spec_from_file_location("step_timeline", BENCHMARKS / "step_timeline.py")
-st = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(st)
+from . import load
+
+st = load("step_timeline")
 
 START_US = 1_000_000_000_000  # Horovod's start_time_since_epoch_in_micros
 

@@ -1,15 +1,11 @@
 """The network benchmark's own arithmetic and its refusal to report a link that is not what it asked for."""
 
-import importlib.util
-import sys
-from pathlib import Path
 
 import pytest
 
-PATH = Path(__file__).resolve().parents[2] / "benchmarks" / "network_benchmark.py"
-spec = importlib.util.spec_from_file_location("network_benchmark", PATH)
-nb = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(nb)
+from . import load
+
+nb = load("network_benchmark")
 
 
 @pytest.mark.parametrize("text, bits", [("1gbit", 1e9), ("200mbit", 2e8), ("50mbit", 5e7), ("2.5Mbit", 2.5e6),
@@ -104,8 +100,7 @@ def test_rounds_take_the_slower_rank_then_the_median():
 
 
 def test_a_worker_reads_its_threads_waiting_for_a_core():
-    sys.path.insert(0, str(PATH.parent))  # net_worker imports TensorFlow and benchmarks/peer_loops.py
-    import net_worker
+    net_worker = load("net_worker")  # it imports TensorFlow and benchmarks/peer_loops.py
 
     cpu, waited = net_worker.usage()
     assert cpu > 0 and waited >= 0

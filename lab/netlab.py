@@ -1,8 +1,9 @@
-"""The test lab: a real Slurm on this host, and two test hosts made of network namespaces with sshd.
+"""The lab: a real Slurm on this host, and two test hosts made of network namespaces with sshd.
 
-Everything here is made by the tests and torn down after them. Traffic goes only to loopback and to the
-addresses of the namespaces made here. What needs root, `ip` or a package that is missing is skipped with
-the reason (scripts/install_lab.sh installs the packages; `make test` runs it).
+Used by the multi-worker tests and by the network benchmarks alike (`make install` puts this folder on the
+venv's path). Everything here is made by its user and torn down after it. Traffic goes only to loopback and to
+the addresses of the namespaces made here. `missing(...)` says what a machine lacks (root, `ip`, a package;
+scripts/install_lab.sh installs the packages).
 """
 
 from __future__ import annotations
@@ -15,22 +16,36 @@ import tempfile
 import time
 from pathlib import Path
 
-import pytest
-
-from launch import kill_tree
+import psutil
 
 # Pod 0's name through the Kubernetes manifest's headless Service (examples/kubernetes_indexed_job.yaml):
 # the session's test hosts give it to hosta.
 POD0 = "hvdkeras-digits-0.hvdkeras-digits"
 
 
-def require(*commands: str, root: bool = True) -> None:
-    """Skips the test with the reason unless running as root with these commands on PATH."""
+def missing(*commands: str, root: bool = True) -> str | None:
+    """Why the lab cannot run here (not root, or commands not on PATH), or None when it can."""
     if root and os.geteuid() != 0:
-        pytest.skip("needs root (network namespaces, daemons)")
-    missing = [c for c in commands if shutil.which(c) is None]
-    if missing:
-        pytest.skip(f"needs {', '.join(missing)} (scripts/install_lab.sh installs them)")
+        return "needs root (network namespaces, daemons)"
+    absent = [c for c in commands if shutil.which(c) is None]
+    if absent:
+        return f"needs {', '.join(absent)} (scripts/install_lab.sh installs them)"
+    return None
+
+
+def kill_tree(pid: int) -> None:
+    """Kills a process and all its descendants, and waits for them."""
+    try:
+        parent = psutil.Process(pid)
+    except psutil.NoSuchProcess:
+        return
+    procs = parent.children(recursive=True) + [parent]
+    for p in procs:
+        try:
+            p.kill()
+        except psutil.NoSuchProcess:
+            pass
+    psutil.wait_procs(procs, timeout=10)
 
 
 def _run(*cmd: str, check: bool = True, timeout: float = 30, **kw) -> subprocess.CompletedProcess:
@@ -171,7 +186,7 @@ class Slurm:
                 return state, int(fields.get("ExitCode", "0:0").split(":")[0])
             time.sleep(0.5)
         _run("scancel", job_id, check=False, env=env)
-        pytest.fail(f"batch job {job_id} did not finish within {timeout:g} s\n{self.logs()}", pytrace=False)
+        raise RuntimeError(f"batch job {job_id} did not finish within {timeout:g} s\n{self.logs()}")
 
     def logs(self) -> str:
         logs = sorted(self.root.glob("*.log")) + sorted(self.munge_dir.glob("*.log"))

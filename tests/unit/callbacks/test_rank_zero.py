@@ -1,11 +1,27 @@
-"""Callbacks in one process: rank-0 gating (faked rank), progress silencing, backup and restore."""
+"""hvdkeras.callbacks.rank_zero: callbacks gated on rank 0 (a faked rank), progress bars, checkpoints and backups."""
 
 import keras
 import numpy as np
 import pytest
 
 from hvdkeras import rank_zero as rank_zero_module
-from hvdkeras import saving
+
+
+def test_checkpoint_callback_writes_through_a_temporary_name(hvd, tmp_path, monkeypatch):
+    seen = []
+    original = keras.Model.save
+
+    def spy(self, filepath, *args, **kwargs):
+        seen.append(str(filepath))
+        return original(self, filepath, *args, **kwargs)
+
+    monkeypatch.setattr(keras.Model, "save", spy)
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
+    model.compile(optimizer=hvd.DistributedOptimizer(keras.optimizers.SGD(0.1)), loss="mse")
+    model.fit(np.zeros((4, 3)), np.zeros((4, 1)), epochs=1, verbose=0,
+              callbacks=[hvd.callbacks.ModelCheckpoint(str(tmp_path / "c.keras"))])
+    assert len(seen) == 1 and ".tmp" in seen[0] and seen[0] != str(tmp_path / "c.keras")
+    assert [p.name for p in tmp_path.iterdir()] == ["c.keras"]
 
 
 class Recorder(keras.callbacks.Callback):
@@ -69,47 +85,3 @@ def test_backup_and_restore_resumes_epoch(hvd, tmp_path):
     history = run(4)
     assert history.epoch == [2, 3]
     assert not (tmp_path / "backup").exists()
-
-
-def test_atomic_path_never_leaves_a_partial_file(tmp_path):
-    target = tmp_path / "m.weights.h5"
-    with pytest.raises(RuntimeError):
-        with saving.atomic_path(target) as tmp:
-            assert tmp.endswith(".weights.h5")
-            with open(tmp, "w") as f:
-                f.write("half")
-            raise RuntimeError("killed")
-    assert list(tmp_path.iterdir()) == []
-    (tmp_path / ".m.killed.tmp.weights.h5").write_text("half")  # what a killed earlier save left
-    with saving.atomic_path(target) as tmp:
-        with open(tmp, "w") as f:
-            f.write("whole")
-    assert target.read_text() == "whole"
-    assert [p.name for p in tmp_path.iterdir()] == ["m.weights.h5"]
-
-
-def test_metric_average_averages_a_custom_steps_plain_logs(hvd, monkeypatch):
-    """A custom train_step's plain values (a GAN's d_loss) are averaged over the workers in the epoch's logs;
-    values that are the global metric results are left as they are."""
-    import hvdkeras
-    from hvdkeras import _collectives as C
-
-    monkeypatch.setattr(C, "size", lambda: 2)
-    reduced = []
-
-    def allreduce(tensor, op=C.Average, name=None, **kwargs):
-        reduced.append(name)
-        return tensor + 1.0  # the other worker's values are ours + 2
-
-    monkeypatch.setattr(C, "allreduce", allreduce)
-    cb = hvdkeras.callbacks.MetricAverageCallback()
-    cb._global = {"accuracy": np.float32(0.5)}
-    logs = {"d_loss": 1.0, "accuracy": 0.5, "learning_rate": 0.1, "images": np.zeros(3)}
-    cb.on_epoch_end(0, logs)
-    assert logs == {"d_loss": 2.0, "accuracy": 0.5, "learning_rate": 0.1, "images": logs["images"]}
-    assert reduced == ["hvdkeras.logs.epoch"]
-    test_logs = {"loss": 3.0}
-    cb.on_test_end(test_logs)  # an evaluation's plain values, then fit's "val_" copy of them stays
-    epoch_logs = {"loss": 1.0, "val_loss": test_logs["loss"]}
-    cb.on_epoch_end(1, epoch_logs)
-    assert test_logs == {"loss": 4.0} and epoch_logs == {"loss": 2.0, "val_loss": 4.0}
