@@ -8,6 +8,7 @@ def test_build_queries_report_this_build(hvd):
     assert hvd.nccl_built() is False and hvd.cuda_built() is False and hvd.rocm_built() is False
     assert hvd.gloo_enabled() is True and hvd.mpi_enabled() is False and hvd.mpi_threads_supported() is False
 
+
 def test_timeline_writes_horovods_timeline_file(hvd, tmp_path):
     """As in Horovod, start_timeline needs HOROVOD_TIMELINE=DYNAMIC when Horovod starts (this process has not)."""
     import os

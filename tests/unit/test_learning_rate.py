@@ -12,8 +12,10 @@ from hvdkeras.learning_rate import ScaledLearningRateSchedule, scale_learning_ra
 def test_scale_float(rule, expected):
     assert scale_learning_rate(0.01, rule=rule, size=4) == pytest.approx(expected)
 
+
 def test_default_size_is_world_size(hvd):
     assert scale_learning_rate(0.01) == pytest.approx(0.01 * hvd.size())
+
 
 def test_scale_schedule_and_serialize():
     schedule = keras.optimizers.schedules.ExponentialDecay(0.1, decay_steps=10, decay_rate=0.5)
@@ -24,6 +26,7 @@ def test_scale_schedule_and_serialize():
     assert float(restored(10)) == pytest.approx(0.15)
     opt = keras.optimizers.SGD(scaled)
     assert keras.optimizers.SGD.from_config(opt.get_config()).get_config()["learning_rate"]["config"]["factor"] == 3
+
 
 @pytest.mark.parametrize(
     "kwargs, error, match",

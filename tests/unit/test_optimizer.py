@@ -25,10 +25,12 @@ def test_rejects_non_optimizers(value, error, match):
     with pytest.raises(error, match=match):
         DistributedOptimizer(value)
 
+
 def test_rejects_wrapping_twice(hvd):
     opt = DistributedOptimizer(keras.optimizers.SGD())
     with pytest.raises(ValueError, match="already a DistributedOptimizer"):
         DistributedOptimizer(opt)
+
 
 @pytest.mark.parametrize(
     "kwargs, match",
@@ -46,9 +48,11 @@ def test_bad_options(kwargs, match):
     with pytest.raises(ValueError, match=match):
         DistributedOptimizer(keras.optimizers.SGD(), **kwargs)
 
+
 def test_predivide_requires_average():
     with pytest.raises(ValueError, match="requires op=hvdkeras.Average"):
         DistributedOptimizer(keras.optimizers.SGD(), op=C.Sum, gradient_predivide_factor=2.0)
+
 
 def test_delegates_learning_rate_iterations_and_hyperparameters(hvd):
     inner = keras.optimizers.SGD(0.1, momentum=0.9)
@@ -62,6 +66,7 @@ def test_delegates_learning_rate_iterations_and_hyperparameters(hvd):
     opt.build(model.trainable_variables)
     assert opt.iterations is inner.iterations
     assert all(any(v is w for w in opt.variables) for v in inner.variables)
+
 
 def test_schedules_run_on_the_inner_iterations(hvd):
     schedule = keras.optimizers.schedules.ExponentialDecay(0.1, decay_steps=1, decay_rate=0.5)
@@ -85,6 +90,7 @@ def test_apply_reduces_all_dense_gradients_in_one_call(monkeypatch, fake_seam):
     for b, v in zip(before, model.trainable_variables):
         np.testing.assert_allclose(v.numpy(), b - 0.1 * 2.0, rtol=1e-6)
 
+
 @pytest.mark.parametrize("average, expected", [(False, 12.0), (True, 4.0)])
 def test_backward_passes_accumulate_and_communicate_every_k(monkeypatch, average, expected, fake_seam):
     seam = fake_seam.second_worker()
@@ -101,12 +107,14 @@ def test_backward_passes_accumulate_and_communicate_every_k(monkeypatch, average
         np.testing.assert_allclose(v.numpy(), b - 0.1 * expected, rtol=1e-6)
     assert int(opt.iterations) == 3  # Horovod's meaning: backward passes, not updates
 
+
 class _RateOfStep(keras.optimizers.schedules.LearningRateSchedule):
     def __call__(self, step):
         return 0.1 * (tf.cast(step, "float32") + 1.0)
 
     def get_config(self):
         return {}
+
 
 def test_backward_passes_count_as_iterations_and_schedules_see_that_count(monkeypatch, fake_seam):
     """Horovod's test_gradient_aggregation / test_load_model_custom_optimizers under k=2, on Keras 3: every
@@ -125,6 +133,7 @@ def test_backward_passes_count_as_iterations_and_schedules_see_that_count(monkey
     for b, v in zip(before, model.trainable_variables):
         np.testing.assert_allclose(v.numpy(), b - (0.2 + 0.4) * 4, rtol=1e-6)
 
+
 def test_mixed_float16_policy_gives_a_loss_scale_optimizer(hvd):
     keras.mixed_precision.set_global_policy("mixed_float16")
     try:
@@ -138,6 +147,7 @@ def test_mixed_float16_policy_gives_a_loss_scale_optimizer(hvd):
     assert isinstance(wrapped, DistributedLossScaleOptimizer)
     assert type(DistributedOptimizer(keras.optimizers.Adam())) is DistributedOptimizer
 
+
 def test_xla_context_gives_a_clear_error(hvd):
     model = small_model()
     opt = DistributedOptimizer(keras.optimizers.SGD(0.1))
@@ -149,6 +159,7 @@ def test_xla_context_gives_a_clear_error(hvd):
 
     with pytest.raises(RuntimeError, match="cannot be compiled by XLA"):
         step()
+
 
 def test_variables_are_the_inner_optimizers(hvd):
     """As in Keras and Horovod: no extra wrapper variables (accumulators only with k > 1)."""
@@ -162,6 +173,7 @@ def test_variables_are_the_inner_optimizers(hvd):
     k2.build(model.trainable_variables)
     assert len(k2.variables) == len(k2.inner_optimizer.variables) + 1 + len(model.trainable_variables)
 
+
 def test_partial_distributed_optimizer_takes_layers_built_later(monkeypatch, fake_seam):
     fake_seam.second_worker()
     head = keras.layers.Dense(2)
@@ -171,6 +183,7 @@ def test_partial_distributed_optimizer_takes_layers_built_later(monkeypatch, fak
     assert [float(np.max(g)) for g in out] == [2.0, 2.0, 0.5, 0.5]
     with pytest.raises(ValueError, match="must be Keras layers. Received: local_layers="):
         hvdkeras_module().PartialDistributedOptimizer(keras.optimizers.SGD(0.1), local_layers=["dense"])
+
 
 def test_horovod_positional_order_and_deprecated_num_groups(monkeypatch, fake_seam):
     fake_seam.second_worker()
@@ -183,11 +196,11 @@ def test_horovod_positional_order_and_deprecated_num_groups(monkeypatch, fake_se
     with pytest.raises(TypeError, match="must be an hvdkeras.ProcessSet. Received: process_set=\\[0\\]"):
         DistributedOptimizer(keras.optimizers.SGD(0.1), process_set=[0])
 
+
 def hvdkeras_module():
     import hvdkeras
 
     return hvdkeras
-
 
 
 @pytest.mark.parametrize("value", [-1, 1.5, "1MB", True])

@@ -18,7 +18,6 @@ def stack(widths=(4, 8, 16, 2)):
     return keras.Sequential([keras.Input((widths[0],))] + [keras.layers.Dense(w) for w in widths[1:]])
 
 
-
 def ancestors(tensors) -> set:
     seen, todo = set(), [t.op for t in tensors]
     while todo:

@@ -27,8 +27,6 @@ def test_atomic_path_never_leaves_a_partial_file(tmp_path):
     assert [p.name for p in tmp_path.iterdir()] == ["m.weights.h5"]
 
 
-
-
 @pytest.mark.parametrize("kind", ["adam", "mixed"])
 def test_saved_models_are_plain_keras_and_load_model_wraps_them_again(hvd, tmp_path, kind):
     import hvdkeras

@@ -1,18 +1,8 @@
 """hvdkeras.cli.command: the pure horovodrun command and the ssh-less node's workers, built from a checked RunConfig."""
 
 from hvdkeras.cli import command
-from hvdkeras.cli import parse as cli
 
-
-def parse(*argv):
-    return cli.build_parser().parse_args(["run", *argv])
-
-
-def config(*argv, **kwargs):
-    kwargs.setdefault("isfile", lambda p: True)
-    kwargs.setdefault("which", lambda name: f"/usr/bin/{name}")
-    kwargs.setdefault("python", "/venv/bin/python")
-    return cli.validate(parse(*argv), **kwargs)
+from . import config
 
 
 def test_build_command_defaults_to_gloo_on_localhost():

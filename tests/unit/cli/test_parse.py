@@ -1,4 +1,4 @@
-"""The hvdkeras command: parsing, validation and the pure command builder."""
+"""hvdkeras.cli.parse: the `hvdkeras run` command line, parsed and checked; each error says what was received."""
 
 import subprocess
 import sys
@@ -9,19 +9,13 @@ from hvdkeras import wrap
 from hvdkeras.cli import command
 from hvdkeras.cli import parse as cli
 
+from . import config
 
-def parse(*argv):
-    return cli.build_parser().parse_args(["run", *argv])
-
-def config(*argv, **kwargs):
-    kwargs.setdefault("isfile", lambda p: True)
-    kwargs.setdefault("which", lambda name: f"/usr/bin/{name}")
-    kwargs.setdefault("python", "/venv/bin/python")
-    return cli.validate(parse(*argv), **kwargs)
 
 def test_script_options_after_the_script_go_to_the_script():
     cfg = config("-np", "2", "t.py", "--lr-scaling", "none")
     assert cfg.script_args == ("--lr-scaling", "none") and cfg.forwarded == ()
+
 
 @pytest.mark.parametrize(
     "argv, kwargs, match",
@@ -42,10 +36,12 @@ def test_validation_errors(argv, kwargs, match):
     with pytest.raises(cli.UsageError, match=match):
         config(*argv, **kwargs)
 
+
 def test_main_exits_2_without_starting_anything(tmp_path, capsys):
     assert cli.main(["run", "-np", "2", str(tmp_path / "nope.py")]) == cli.EXIT_USAGE
     assert "Received: script=" in capsys.readouterr().err
     assert list(tmp_path.iterdir()) == []
+
 
 def test_options_from_environment():
     env = {"HVDKERAS_LR_SCALING": "sqrt", "HVDKERAS_WARMUP_EPOCHS": "3", "HVDKERAS_FP16_ALLREDUCE": "1",
@@ -57,6 +53,7 @@ def test_options_from_environment():
         wrap.options_from_env({"HVDKERAS_NO_SHARD": "maybe"})
     with pytest.raises(ValueError, match="Received: HVDKERAS_LR_SCALING='cubic'"):
         wrap.Options(**wrap.options_from_env({"HVDKERAS_LR_SCALING": "cubic"}))
+
 
 @pytest.mark.parametrize("argv, message", [
     (("t.py",), "-np is required"),
@@ -76,12 +73,14 @@ def test_bad_multi_node_options(argv, message):
         config(*argv)
     assert message in str(err.value)
 
+
 @pytest.mark.parametrize("raw", ["soon", "0", "-5"])
 def test_bad_stall_timeout_from_the_environment(monkeypatch, raw):
     monkeypatch.setenv("HVDKERAS_STALL_TIMEOUT", raw)
     with pytest.raises(cli.UsageError, match=f"HVDKERAS_STALL_TIMEOUT must be a number of seconds > 0. "
                                              f"Received: HVDKERAS_STALL_TIMEOUT='{raw}'"):
         config("-np", "2", "t.py")
+
 
 def test_the_hvdkeras_command_starts_without_tensorflow():
 
@@ -92,6 +91,7 @@ def test_the_hvdkeras_command_starts_without_tensorflow():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"
+
 
 def test_stall_timeout_option():
     ns = cli.build_parser().parse_args(["run", "-np", "2", "--stall-timeout", "0", "t.py"])
