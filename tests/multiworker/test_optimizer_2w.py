@@ -14,6 +14,7 @@ def both(job, key):
 
 @pytest.mark.parametrize("kind", ["sgd", "adam", "adamw"])
 def test_equivalent_to_single_worker_on_global_batches(job, kind):
+    print(f"{kind}: max abs weight difference from one process {max(both(job, f'{kind}_max_abs_diff')):.1e}")
     for diff in both(job, f"{kind}_max_abs_diff"):
         assert diff <= TOL
 
@@ -41,6 +42,7 @@ def test_groups_split_the_fused_allreduce(job):
 
 
 def test_fp16_compression_within_one_percent(job):
+    print(f"fp16: max relative weight difference from one process {max(both(job, 'fp16_max_rel_diff')):.1e}")
     assert max(both(job, "fp16_max_rel_diff")) <= 1e-2
 
 
