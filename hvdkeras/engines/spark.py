@@ -178,7 +178,7 @@ def _run_rank(payload: bytes, settings: dict) -> dict:
         job_file, result_file = os.path.join(tmp, "fn.pkl"), os.path.join(tmp, "result.pkl")
         with open(job_file, "wb") as f:
             f.write(payload)
-        proc = subprocess.Popen([settings["executable"] or sys.executable, "-m", "hvdkeras.spark", job_file,
+        proc = subprocess.Popen([settings["executable"] or sys.executable, "-m", "hvdkeras.engines.spark", job_file,
                                  result_file], env=environ, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                 preexec_fn=_die_with_parent, text=True, errors="replace")
         forwarders = [threading.Thread(target=_forward, args=(pipe, rank, name, settings, result), daemon=True)

@@ -29,10 +29,6 @@ parser.add_argument("--report-dir", required=True)
 parser.add_argument("--out-dir", required=True)
 args = parser.parse_args()
 
-# The ids of the threads that starting Horovod reniced, recorded from hvdkeras's own call.
-reniced: list[int] = []
-_start_prioritized = _threads.start_prioritized
-_threads.start_prioritized = lambda start, nice: reniced.extend(_start_prioritized(start, nice)) or list(reniced)
 hvd.init()
 (x, y), _ = load()
 train = hvd.data.shard(tf.data.Dataset.from_tensor_slices((x, y))).batch(args.batch_size)
@@ -48,14 +44,19 @@ class CountSteps(keras.callbacks.Callback):
         CountSteps.steps += 1
 
 
-def live_nice(tids):
-    """The nice values of those of `tids` that still run (a thread of Horovod's start may have ended)."""
+def reniced_threads():
+    """The nice values of this process's threads that run at another priority than the main thread: the threads
+    Horovod started, where hvdkeras gave them one (`hvdkeras run` calls init before the script runs, so the
+    script sees the result, not the call)."""
+    mine = os.getpriority(os.PRIO_PROCESS, 0)
     found = []
-    for tid in tids:
+    for tid in _threads.thread_ids():
         try:
-            found.append(os.getpriority(os.PRIO_PROCESS, tid))
+            nice = os.getpriority(os.PRIO_PROCESS, tid)
         except ProcessLookupError:
-            pass
+            continue
+        if nice != mine:
+            found.append(nice)
     return found
 
 
@@ -69,6 +70,6 @@ with open(os.path.join(args.report_dir, f"rank{hvd.rank()}.json"), "w") as f:
     json.dump({"rank": hvd.rank(), "size": hvd.size(), "local_rank": hvd.local_rank(), "cross_size": hvd.cross_size(),
                "horovod_cycle_time": os.environ.get("HOROVOD_CYCLE_TIME"),
                # The priority of the threads Horovod started that still run, and of this (the training) thread.
-               "horovod_threads_nice": live_nice(reniced),
+               "horovod_threads_nice": reniced_threads(),
                "main_thread_nice": os.getpriority(os.PRIO_PROCESS, 0),
                "fit_steps": [CountSteps.steps], "weights_sha256": weights_digest(model.get_weights())}, f)
