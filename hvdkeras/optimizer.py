@@ -368,6 +368,10 @@ for _name in INNER_HYPERPARAMETERS:
     setattr(DistributedOptimizer, _name, _inner(_name))
 del _name
 
+# What help() and inspect show for `DistributedOptimizer(...)`: the constructor's parameters, not the factory's.
+_init = inspect.signature(DistributedOptimizer.__init__)
+DistributedOptimizer.__signature__ = _init.replace(parameters=list(_init.parameters.values())[1:])
+
 
 # Horovod's PartialDistributedOptimizer parameters: DistributedOptimizer's, less those it does not take,
 # with `local_layers` before `scale_local_gradients`, as in horovod.keras.

@@ -219,3 +219,11 @@ def test_non_finite_learning_rate(hvd):
         hvd.DistributedOptimizer(keras.optimizers.SGD(float("nan")))
     with pytest.raises(ValueError, match="Received: learning_rate=inf"):
         hvd.DistributedOptimizer(keras.optimizers.LossScaleOptimizer(keras.optimizers.Adam(float("inf"))))
+
+
+def test_calling_the_class_shows_horovods_parameters():
+    import inspect
+
+    names = list(inspect.signature(DistributedOptimizer).parameters)
+    assert names[:3] == ["optimizer", "name", "device_dense"] and names[-1] == "bucket_bytes"
+    assert names == [n for n in inspect.signature(DistributedOptimizer.__init__).parameters if n != "self"]
