@@ -8,6 +8,7 @@ iteration count, and the wrapper's properties read them there.
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import logging
 from typing import Any
@@ -206,20 +207,6 @@ class DistributedOptimizer(keras.optimizers.Optimizer, metaclass=_Factory):
         self._accumulators: list = []
         self._pass_counter = None
 
-    # --------------------------------------------------------------------------- the options, read-only
-    compression = _option("compression")
-    op = _option("op")
-    backward_passes_per_step = _option("backward_passes_per_step")
-    average_aggregated_gradients = _option("average_aggregated_gradients")
-    sparse_as_dense = _option("sparse_as_dense")
-    gradient_predivide_factor = _option("gradient_predivide_factor")
-    groups = _option("groups")
-    device_dense = _option("device_dense")
-    device_sparse = _option("device_sparse")
-    process_set = _option("process_set")
-    scale_local_gradients = _option("scale_local_gradients")
-    bucket_bytes = _option("bucket_bytes")
-
     # ----------------------------------------------------------------- state held by the inner optimizer
     learning_rate = _inner("learning_rate")
     iterations = property(lambda self: self.inner_optimizer.iterations,
@@ -361,12 +348,14 @@ class DistributedOptimizer(keras.optimizers.Optimizer, metaclass=_Factory):
         return cls(inner, **config)
 
 
-# momentum, beta_1, rho, ...: read (and set) on the optimizer the user passed in.
-for _name in INNER_HYPERPARAMETERS:
+# Each ReductionOptions field (compression, op, bucket_bytes, ...) read-only on the optimizer, and momentum, beta_1,
+# rho, ... read (and set) on the optimizer the user passed in.
+for _name, _property in [*((f.name, _option(f.name)) for f in dataclasses.fields(ReductionOptions)),
+                         *((n, _inner(n)) for n in INNER_HYPERPARAMETERS)]:
     if hasattr(DistributedOptimizer, _name):
-        raise RuntimeError(f"Keras optimizers' hyperparameter {_name!r} is also an attribute of DistributedOptimizer")
-    setattr(DistributedOptimizer, _name, _inner(_name))
-del _name
+        raise RuntimeError(f"{_name!r} would hide an attribute DistributedOptimizer already has")
+    setattr(DistributedOptimizer, _name, _property)
+del _name, _property
 
 # What help() and inspect show for `DistributedOptimizer(...)`: the constructor's parameters, not the factory's.
 _init = inspect.signature(DistributedOptimizer.__init__)

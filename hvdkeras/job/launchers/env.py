@@ -73,10 +73,10 @@ def derived_port(job_id: str) -> int:
     return PORT_BASE + digest % PORT_SPAN
 
 
-def _address(environ: Mapping[str, str], local_size: int | None, size: int,
+def _address(environ: Mapping[str, str], given: str | None, local_size: int | None, size: int,
              launcher_host: tuple[str, str] | None, launcher: str) -> tuple[str, str]:
-    """(address, where it came from): an explicit override, else the launcher's, else this host."""
-    given = settings.read(environ, LaunchEnvError).rendezvous_addr
+    """(address, where it came from): `given` (HVDKERAS_RENDEZVOUS_ADDR), else MASTER_ADDR, else the launcher's,
+    else this host."""
     if given:
         return given, settings.variable("rendezvous_addr")
     if environ.get("MASTER_ADDR", "").strip():
@@ -99,8 +99,9 @@ def torchrun_agent_holds_master_port(environ: Mapping[str, str]) -> bool:
     return environ.get("TORCHELASTIC_USE_AGENT_STORE", "").strip().lower() == "true"
 
 
-def _port(environ: Mapping[str, str], job_id: str | None, launcher: str, avoid: frozenset | set = frozenset()) -> int:
-    given = settings.read(environ, LaunchEnvError).rendezvous_port
+def _port(environ: Mapping[str, str], given: int | None, job_id: str | None, launcher: str,
+          avoid: frozenset | set = frozenset()) -> int:
+    """The rendezvous port: `given` (HVDKERAS_RENDEZVOUS_PORT), else MASTER_PORT, else derived from the job id."""
     if given is not None:
         return given
     # MASTER_PORT, unless torchrun's store holds it: then the port is derived, and is not MASTER_PORT.
@@ -136,9 +137,10 @@ def _finish(environ, *, launcher, names, rank, size, local_rank, local_size, lau
             mpi=False, avoid_ports=frozenset()) -> LaunchEnv | None:
     if size == 1:
         return None
-    addr, source = _address(environ, local_size, size, launcher_host, launcher)
-    explicit_job = settings.read(environ, LaunchEnvError).job_id
-    port = _port(environ, explicit_job or launcher_job, launcher, avoid_ports)
+    ours = settings.read(environ, LaunchEnvError)
+    addr, source = _address(environ, ours.rendezvous_addr, local_size, size, launcher_host, launcher)
+    explicit_job = ours.job_id
+    port = _port(environ, ours.rendezvous_port, explicit_job or launcher_job, launcher, avoid_ports)
     # Without an id from the launcher, every process still derives the same one from what they share.
     job_id = explicit_job or launcher_job or f"{launcher}:{addr}:{port}"
     addr_var, port_var, job_var = (settings.variable(n) for n in ("rendezvous_addr", "rendezvous_port", "job_id"))

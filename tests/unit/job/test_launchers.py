@@ -193,7 +193,7 @@ def test_tf_config_port_skips_the_cluster_ports():
     taken = detect(tf_config({**cluster, "evaluator": [f"e:{derived}"]}, "worker", 0))
     assert taken.job_id == env.job_id and taken.rendezvous_port == derived + 1
     port = launching.derived_port("job")
-    assert launchers_env._port({}, "job", "X", avoid={port}) == port + 1
+    assert launchers_env._port({}, None, "job", "X", avoid={port}) == port + 1
     with_port = detect({**tf_config(cluster, "worker", 1), "MASTER_PORT": "29400"})
     assert with_port.rendezvous_port == 29400
 
