@@ -12,6 +12,7 @@ Plain Python, so `hvdkeras run` reads it without TensorFlow.
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 from typing import Any, Mapping
 
@@ -122,29 +123,43 @@ def what(field: dataclasses.Field) -> str:
     return f"{noun} >= {low:g}" if low is not None else noun
 
 
+_INTEGER_KINDS = ("int", "port", "nice")
+
+
+def _acceptable(field: dataclasses.Field, value: Any) -> bool:
+    """Whether a value (already a Python bool, str or number) is one the setting takes."""
+    meta = field.metadata
+    kind, low, high = meta["kind"], meta["minimum"], meta["maximum"]
+    if kind == "bool":
+        return isinstance(value, bool)
+    if kind == "choice":
+        return value in meta["choices"]
+    if kind == "str":
+        return isinstance(value, str)
+    if kind == "nice" and value == "none":
+        return True
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value):
+        return False
+    return ((kind not in _INTEGER_KINDS or isinstance(value, int)) and (low is None or value >= low)
+            and (high is None or value <= high) and (kind != "seconds" or value > 0))
+
+
 def parse(field: dataclasses.Field, raw: str, error: type[Exception] = ValueError) -> Any:
     """A variable's text as the setting's value.
 
     Raises:
         `error`: it does not parse, in the format "HVDKERAS_X must be WHAT. Received: HVDKERAS_X='raw'".
     """
-    meta, text = field.metadata, raw.strip()
-    kind, low, high = meta["kind"], meta["minimum"], meta["maximum"]
-    value: Any = None
-    if kind == "str":
-        value = text
-    elif kind == "choice":
-        value = text if text in meta["choices"] else None
+    kind, text = field.metadata["kind"], raw.strip()
+    if kind in ("str", "choice"):
+        value: Any = text
     elif kind == "bool":
         value = True if text.lower() in _TRUE else False if text.lower() in _FALSE else None
     elif kind == "nice" and text.lower() == "none":
         value = "none"
     else:
-        value = _number(text, integer=kind in ("int", "port", "nice"))
-        if value is not None and ((kind == "seconds" and not value > 0) or (low is not None and value < low)
-                                  or (high is not None and value > high)):
-            value = None
-    if value is None:
+        value = _number(text, integer=kind in _INTEGER_KINDS)
+    if value is None or not _acceptable(field, value):
         name = variable(field.name)
         raise error(f"{name} must be {what(field)}. Received: {name}={raw!r}")
     return value
@@ -157,23 +172,9 @@ def check_value(name: str, value: Any, error: type[Exception] = ValueError, flag
         `error`: naming the setting ("`name`", or "--name" with `flag`), what it must be, and what was received.
     """
     field = {f.name: f for f in fields()}[name]
-    meta = field.metadata
-    kind, low, high = meta["kind"], meta["minimum"], meta["maximum"]
     if value is None and field.default is None:
         return None
-    if kind == "bool":
-        ok = isinstance(value, bool)
-    elif kind == "choice":
-        ok = value in meta["choices"]
-    elif kind == "str":
-        ok = isinstance(value, str)
-    else:
-        numeric = isinstance(value, (int, float)) and not isinstance(value, bool) and value == value \
-            and value not in (float("inf"), float("-inf"))
-        ok = numeric and (kind not in ("int", "port", "nice") or isinstance(value, int)) \
-            and (low is None or value >= low) and (high is None or value <= high) \
-            and (kind != "seconds" or value > 0)
-    if not ok:
+    if not _acceptable(field, value):
         if flag:
             shown = f"{value:g}" if isinstance(value, float) else value
             label = "--" + name.replace("_", "-")
@@ -190,10 +191,9 @@ def _number(text: str, integer: bool) -> int | float | None:
     if integer:
         return None
     try:
-        value = float(text)
+        return float(text)
     except ValueError:
         return None
-    return value if value == value and value not in (float("inf"), float("-inf")) else None
 
 
 def given(environ: Mapping[str, str], error: type[Exception] = ValueError) -> dict[str, Any]:
