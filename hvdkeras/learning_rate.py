@@ -9,8 +9,9 @@ import keras
 
 from hvdkeras import _collectives as C
 from hvdkeras._checks import check_int, check_number
+from hvdkeras.settings import LR_SCALING_RULES
 
-RULES = ("linear", "sqrt", "none")
+RULES = LR_SCALING_RULES  # the lr_scaling setting's choices
 
 
 def as_float(value: Any) -> float:

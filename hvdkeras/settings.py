@@ -28,6 +28,8 @@ DEFAULT_STALL_TIMEOUT = 60.0
 # over a shaped link (benchmarks/network_benchmark.py; docs/network.md).
 DEFAULT_BUCKET_BYTES = 64 << 10
 DEFAULT_RENDEZVOUS_TIMEOUT = 60.0
+# How a learning rate scales with the number of workers (hvdkeras.learning_rate.scale_factor).
+LR_SCALING_RULES = ("linear", "sqrt", "none")
 
 
 def _setting(default: Any, kind: str, doc: str, *, flag: bool = False, choices: tuple = (),
@@ -47,7 +49,7 @@ class Settings:
         "batch) and the rate is scaled", flag=True, choices=("global", "per-worker"))
     lr_scaling: str | None = _setting(
         None, "choice", "scale the script's learning rate with the number of workers (default: linear with "
-        "--batch per-worker, none with --batch global)", flag=True, choices=("linear", "sqrt", "none"))
+        "--batch per-worker, none with --batch global)", flag=True, choices=LR_SCALING_RULES)
     warmup_epochs: float = _setting(
         1, "number", "warm the scaled learning rate up over this many epochs (default: 1; 0 turns it off)",
         flag=True, minimum=0)
