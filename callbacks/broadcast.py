@@ -27,7 +27,9 @@ def model_and_optimizer_variables(model) -> list:
             # Keras 3 builds optimizers lazily inside the first step; build now so its slots exist
             # (and are identical) before that step runs.
             optimizer.build(model.trainable_variables)
-        variables += list(optimizer.variables)
+        # A sharded optimizer's slots are each worker's own part of the state, not copies of one another.
+        own = {id(v) for v in getattr(optimizer, "shard_variables", list)()}
+        variables += [v for v in optimizer.variables if id(v) not in own]
     return variables
 
 

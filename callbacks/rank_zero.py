@@ -10,6 +10,7 @@ import keras
 
 from hvdkeras import _collectives as C
 from hvdkeras import rank_zero, saving
+from hvdkeras.models import consolidate_optimizer_state, sharded_optimizers
 
 from ._base import HvdCallback
 from .broadcast import broadcast_model
@@ -97,16 +98,41 @@ for _name in _HOOKS:
     setattr(_RankZeroHooks, _name, _gated)
 
 
+# The hooks in which Keras's ModelCheckpoint counts batches and epochs and may save.
+_CHECKPOINT_HOOKS = ("on_epoch_begin", "on_epoch_end", "on_train_batch_end")
+
+
 class ModelCheckpoint(_RankZeroHooks, keras.callbacks.ModelCheckpoint):
     """`keras.callbacks.ModelCheckpoint` that saves on rank 0 only (same arguments).
 
     Each file is written under a temporary name and renamed when complete: a crash during a save never
-    leaves a truncated checkpoint under the final name.
+    leaves a truncated checkpoint under the final name. With a sharded optimizer (shard_optimizer_state=True)
+    every worker runs the hooks that may save, and gathers the optimizer's state with the others before
+    rank 0 writes it; so every worker must have this callback.
     """
 
     def _save_model(self, epoch, batch, logs):
-        with saving.atomic_model_writes(self.model):
-            return super()._save_model(epoch, batch, logs)
+        if rank_zero.in_solo():
+            with saving.atomic_model_writes(self.model):
+                return super()._save_model(epoch, batch, logs)
+        consolidate_optimizer_state(self.model)
+        return _alone_on_rank_zero(self._save_model, epoch, batch, logs)
+
+
+def _on_every_rank_when_sharded(name):
+    gated = getattr(_RankZeroHooks, name)
+
+    def hook(self, *args, **kwargs):
+        if sharded_optimizers(self.model):
+            return getattr(keras.callbacks.ModelCheckpoint, name)(self, *args, **kwargs)
+        return gated(self, *args, **kwargs)
+
+    hook.__name__ = name
+    return hook
+
+
+for _name in _CHECKPOINT_HOOKS:
+    setattr(ModelCheckpoint, _name, _on_every_rank_when_sharded(_name))
 
 
 class BestModelCheckpoint(ModelCheckpoint):
@@ -154,11 +180,14 @@ class BackupAndRestore(keras.callbacks.BackupAndRestore):
 
     def on_train_begin(self, logs=None):
         if rank_zero.is_rank_zero():
-            super().on_train_begin(logs)
+            with rank_zero.solo():
+                super().on_train_begin(logs)
         if C.is_initialized() and C.size() > 1:
             epoch = C.broadcast_object(getattr(self.model, "_initial_epoch", None), root_rank=0)
             self.model._initial_epoch = epoch
             broadcast_model(self.model, 0)
+            for optimizer in sharded_optimizers(self.model):  # each worker's part of the restored state
+                optimizer.share_loaded_state(0)
 
     def on_epoch_end(self, epoch, logs=None):
         self._current_epoch = epoch + 1
@@ -167,6 +196,7 @@ class BackupAndRestore(keras.callbacks.BackupAndRestore):
             self._save_model()
 
     def _save_model(self):
+        consolidate_optimizer_state(self.model)
         _alone_on_rank_zero(self._write_backup)
 
     def _write_backup(self):

@@ -14,13 +14,14 @@ import logging
 from typing import Any
 
 import keras
+import numpy as np
 import tensorflow as tf
 from keras.optimizers import LossScaleOptimizer
 from tensorflow.python.ops import control_flow_util
 
 from hvdkeras import _collectives as C
 from hvdkeras import compression as _compression
-from hvdkeras import patches, reduction
+from hvdkeras import patches, rank_zero, reduction, sharding
 from hvdkeras._checks import check_number
 from hvdkeras.learning_rate import as_float
 from hvdkeras.reduction import ReductionOptions
@@ -154,6 +155,11 @@ class DistributedOptimizer(keras.optimizers.Optimizer, metaclass=_Factory):
             allreduce that starts as soon as its gradients exist, while the backward pass computes the
             rest. 0: one fused allreduce for all of them. None (default): $HVDKERAS_BUCKET_BYTES if set,
             else DEFAULT_BUCKET_BYTES (64 KiB).
+        shard_optimizer_state: keyword only. Shard the inner optimizer's state across the workers (ZeRO
+            stages 1 and 2): each variable's slots live on one worker only, gradients are reduce-scattered
+            to their owners, and each owner's updated variables are all-gathered into every worker's weights
+            before the next step. Training is the same training; `variables` holds this worker's part, and
+            saving gathers the whole state (every worker must take part: see docs/sharding.md).
 
     The parameters up to `scale_local_gradients` are Horovod's, in Horovod's order and with its defaults.
 
@@ -183,6 +189,8 @@ class DistributedOptimizer(keras.optimizers.Optimizer, metaclass=_Factory):
         process_set: Any = C.global_process_set,
         scale_local_gradients: bool = True,
         bucket_bytes: int | None = None,
+        *,
+        shard_optimizer_state: bool = False,
     ):
         _check_inner(optimizer)
         check_strategy()
@@ -192,7 +200,8 @@ class DistributedOptimizer(keras.optimizers.Optimizer, metaclass=_Factory):
             gradient_predivide_factor=gradient_predivide_factor, op=op,
             backward_passes_per_step=backward_passes_per_step,
             average_aggregated_gradients=average_aggregated_gradients, process_set=process_set,
-            scale_local_gradients=scale_local_gradients, bucket_bytes=bucket_bytes)
+            scale_local_gradients=scale_local_gradients, bucket_bytes=bucket_bytes,
+            shard_optimizer_state=shard_optimizer_state)
         if isinstance(self, LossScaleOptimizer) and not isinstance(optimizer, LossScaleOptimizer):
             log.info("hvdkeras: mixed_float16 policy: wrapping %s in a LossScaleOptimizer", optimizer.name)
             optimizer = LossScaleOptimizer(optimizer)
@@ -206,6 +215,10 @@ class DistributedOptimizer(keras.optimizers.Optimizer, metaclass=_Factory):
         self._local_layers: list = []
         self._accumulators: list = []
         self._pass_counter = None
+        self._shard = None  # with shard_optimizer_state: who owns which variable, set by build
+        self._layout = None  # the unsharded optimizer's variable order, found when first saved or loaded
+        self._gathered = None  # the full state gathered by consolidate_state, until the next save
+        self._loaded = None  # the full state rank 0 alone loaded, until share_loaded_state
 
     # ----------------------------------------------------------------- state held by the inner optimizer
     learning_rate = _inner("learning_rate")
@@ -221,16 +234,90 @@ class DistributedOptimizer(keras.optimizers.Optimizer, metaclass=_Factory):
     def save_own_variables(self, store):
         # Only the inner optimizer's state: the file is what a plain Keras optimizer saves and loads.
         # The accumulators are empty at every update (where checkpoints are taken) and start empty.
-        self.inner_optimizer.save_own_variables(store)
+        if self._shard is None:
+            self.inner_optimizer.save_own_variables(store)
+            return
+        values, self._gathered = self._gathered, None
+        if values is None:
+            if rank_zero.in_solo():
+                raise RuntimeError(
+                    "This optimizer's state is sharded across the workers (shard_optimizer_state=True), and it is "
+                    "being saved on rank 0 alone, where the other workers' parts cannot be gathered. Call "
+                    "`optimizer.consolidate_state()` on every worker before a rank-0-only save, or save with "
+                    "hvdkeras.callbacks.ModelCheckpoint / BackupAndRestore, which do it.")
+            values = self.gather_state()
+        for j, value in enumerate(values):
+            store[str(j)] = value
 
     def load_own_variables(self, store):
-        self.inner_optimizer.load_own_variables(store)
+        if self._shard is None:
+            self.inner_optimizer.load_own_variables(store)
+            return
+        layout = self._state_layout()
+        if len(store.keys()) != len(layout):
+            raise ValueError(
+                f"The saved optimizer state has {len(store.keys())} variables, and {type(unwrap(self)).__name__} "
+                f"built on these {len(self._shard.variables)} trainable variables has {len(layout)}: the file "
+                "was saved from another model or optimizer.")
+        values = [store[str(j)] for j in range(len(layout))]
+        sharding.assign_state(self.inner_optimizer, layout, self._shard, values)
+        if rank_zero.in_solo():  # loaded on one worker only: kept for share_loaded_state, the others' parts too
+            self._loaded = [np.asarray(v) for v in values]
 
-    def scale_loss(self, loss):
-        return self.inner_optimizer.scale_loss(loss)
+    def share_loaded_state(self, root_rank: int = 0) -> bool:
+        """Gives every worker its part of the state `root_rank` alone loaded (a restored backup). Collective.
+
+        Returns:
+            Whether root_rank had loaded one (each worker then holds its part of it).
+        """
+        if self._shard is None:
+            return False
+        values, self._loaded = self._loaded, None
+        return sharding.broadcast_state(self.inner_optimizer, self._state_layout(), self._shard, values, root_rank)
+
+    # ----------------------------------------------------------------------------------- sharded state
+    @property
+    def sharded(self) -> bool:
+        """Whether this worker holds only its part of the state (shard_optimizer_state=True, once built)."""
+        return self._shard is not None
+
+    def _state_layout(self) -> list:
+        if self._layout is None:
+            self._layout = sharding.full_layout(self.inner_optimizer, self._shard.variables)
+        return self._layout
+
+    def gather_state(self) -> list:
+        """The inner optimizer's full state, as numpy arrays in the order a plain Keras optimizer of its kind
+        saves them, on every worker. Collective: every worker must call it."""
+        if self._shard is None:
+            return [v.numpy() for v in self.inner_optimizer.variables]
+        return sharding.gather_state(self.inner_optimizer, self._state_layout(), self._shard, self.options)
+
+    def consolidate_state(self) -> None:
+        """Gathers the full state now, on every worker, for the next save: so rank 0 alone can save afterwards.
+
+        Collective: every worker calls it, then rank 0 calls `model.save` (as PyTorch's
+        ZeroRedundancyOptimizer.consolidate_state_dict). Without it, a sharded optimizer gathers when
+        `model.save` is called, which every worker must then do. A no-op without sharding.
+        """
+        if self._shard is not None:
+            self._gathered = self.gather_state()
+
+    def shard_variables(self) -> list:
+        """This worker's own slots, which differ between workers (sharded); empty when not sharded."""
+        if self._shard is None:
+            return []
+        single = {id(v) for layer in sharding._layers(self.inner_optimizer) for v in vars(layer).values()
+                  if isinstance(v, keras.Variable)}
+        return [v for v in self.inner_optimizer.variables if id(v) not in single]
 
     def finalize_variable_values(self, var_list):
-        self.inner_optimizer.finalize_variable_values(var_list)
+        if self._shard is None:
+            self.inner_optimizer.finalize_variable_values(var_list)
+            return
+        var_list = list(var_list)
+        self.inner_optimizer.finalize_variable_values([v for v in var_list if self._shard.owns(v)])
+        sharding.all_gather_variables(var_list, self._shard, self.options)
 
     def exclude_from_weight_decay(self, var_list=None, var_names=None):
         self.inner_optimizer.exclude_from_weight_decay(var_list=var_list, var_names=var_names)
@@ -259,10 +346,25 @@ class DistributedOptimizer(keras.optimizers.Optimizer, metaclass=_Factory):
             self._accumulators = [
                 self.add_variable_from_reference(v, name="gradient_accumulator") for v in var_list
             ]
-        if not self.inner_optimizer.built:  # e.g. restored by load_model, then wrapped
+        if self.shard_optimizer_state:
+            self._build_sharded(var_list)
+        elif not self.inner_optimizer.built:  # e.g. restored by load_model, then wrapped
             self.inner_optimizer.build(var_list)
         # The base optimizer's build, named, as in __init__: not LossScaleOptimizer.build for the loss-scale variant.
         keras.optimizers.Optimizer.build(self, var_list)
+
+    def _build_sharded(self, var_list):
+        size = C.size() if C.is_initialized() else 1
+        rank = C.rank() if C.is_initialized() else 0
+        self._shard = sharding.Shard.make(var_list, self.options, self._local_ids(), rank, size)
+        # Keras may build inside the traced train step; the state's layout is read from eager copies.
+        with tf.init_scope():
+            if self.inner_optimizer.built:  # restored in full (load_model), then wrapped: keep this worker's part
+                self.inner_optimizer = sharding.reshard(self.inner_optimizer, self._shard)
+            else:
+                self.inner_optimizer.build(self._shard.owned())
+            sharding.install_cross_worker_rules(self.inner_optimizer, self._shard, self.options)
+            self._state_layout()  # an optimizer that cannot be sharded says so now, not at the first save
 
     # ------------------------------------------------------------------------------------------ applying
     def apply(self, grads, trainable_variables=None):
@@ -298,7 +400,7 @@ class DistributedOptimizer(keras.optimizers.Optimizer, metaclass=_Factory):
                 "tf.function(jit_compile=True)."
             )
         if self.backward_passes_per_step == 1:
-            self.inner_optimizer.apply(self.reduce_gradients(grads, trainable_variables), trainable_variables)
+            self._reduce_and_apply(grads, trainable_variables)
         else:
             self._accumulate_and_apply(grads, trainable_variables)
 
@@ -312,7 +414,7 @@ class DistributedOptimizer(keras.optimizers.Optimizer, metaclass=_Factory):
         def apply_accumulated():
             scale = 1.0 / self.backward_passes_per_step if self.average_aggregated_gradients else 1.0
             total = [None if g is None else tf.convert_to_tensor(acc) * scale for g, acc in zip(grads, accs)]
-            self.inner_optimizer.apply(self.reduce_gradients(total, trainable_variables), trainable_variables)
+            self._reduce_and_apply(total, trainable_variables)
             for acc in accs:
                 acc.assign(tf.zeros(acc.shape, dtype=acc.dtype))
 
@@ -326,6 +428,29 @@ class DistributedOptimizer(keras.optimizers.Optimizer, metaclass=_Factory):
             apply_accumulated,
             count_pass,
         )
+
+    def _reduce_and_apply(self, grads, trainable_variables):
+        if self._shard is None:
+            self.inner_optimizer.apply(self.reduce_gradients(grads, trainable_variables), trainable_variables)
+            return
+        local = self._local_ids() if (self._local_vars or self._local_layers) else frozenset()
+        reduced, unused = sharding.reduce_scatter_gradients(grads, trainable_variables, self._shard, self.options,
+                                                            local)
+        owned = [(g, v) for g, v in zip(reduced, trainable_variables) if self._shard.owns(v)]
+        if unwrap(self).global_clipnorm and all(g is None for g, _ in owned):
+            # Keras clips only where there are gradients; the other workers would wait for this one's norm.
+            raise ValueError(
+                "shard_optimizer_state=True with `global_clipnorm`: none of the variables this worker owns has a "
+                f"gradient in this step, so it cannot add its part of the norm. Received: {len(owned)} owned "
+                "variables, all without gradients. Leave them out of the trainable variables or do not shard.")
+        self.inner_optimizer.apply([g for g, _ in owned], [v for _, v in owned])
+        # Empty slices of the received gradients and of the collectives' unused results ride along in the
+        # allgathers: a data dependency that makes each allgather wait for this worker's gradients (one whose
+        # part of a bucket is empty would otherwise be sent at the start of the step, and wait there holding
+        # the other workers), and keeps the unused results from being pruned.
+        received = [g.values if isinstance(g, tf.IndexedSlices) else g for g, _ in owned if g is not None]
+        sharding.all_gather_variables([v for g, v in zip(grads, trainable_variables) if g is not None],
+                                      self._shard, self.options, after=unused + received[:1])
 
     def reduce_gradients(self, grads: Any, variables: Any) -> list:
         """All-reduces a list of gradients (None entries pass through) and returns the reduced list."""

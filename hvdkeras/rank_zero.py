@@ -40,6 +40,11 @@ def solo() -> Iterator[None]:
         _solo.active = previous
 
 
+def in_solo() -> bool:
+    """Whether this code runs on one rank only (inside `solo()`), so no collective may be started here."""
+    return bool(getattr(_solo, "active", False))
+
+
 def on_rank_zero(fn: Callable[..., Any], *args: Any, wait: bool = True, **kwargs: Any) -> Any:
     """Calls `fn` on rank 0 only; with `wait`, the other ranks wait until it has finished.
 

@@ -73,6 +73,7 @@ class ReductionOptions:
     process_set: Any = C.global_process_set
     scale_local_gradients: bool = True
     bucket_bytes: int | None = None
+    shard_optimizer_state: bool = False
 
     def __post_init__(self):
         def put(name, value):
@@ -96,8 +97,13 @@ class ReductionOptions:
             "bucket_bytes", self.bucket_bytes, 0, unit="bytes",
             hint="(0: one allreduce for all gradients, after the whole backward pass)")
         put("bucket_bytes", bucket)
-        for flag in ("sparse_as_dense", "average_aggregated_gradients", "scale_local_gradients"):
+        for flag in ("sparse_as_dense", "average_aggregated_gradients", "scale_local_gradients",
+                     "shard_optimizer_state"):
             put(flag, bool(getattr(self, flag)))
+        if self.shard_optimizer_state and self.process_set is not C.global_process_set:
+            raise ValueError(
+                "shard_optimizer_state=True shards the state over all workers, so it takes the global process "
+                f"set only. Received: process_set={self.process_set!r}")
 
     @classmethod
     def from_horovod(cls, num_groups: int = 0, groups: Any = None, **options: Any) -> "ReductionOptions":
@@ -119,6 +125,7 @@ class ReductionOptions:
             "gradient_predivide_factor": self.gradient_predivide_factor,
             "groups": self.groups if isinstance(self.groups, int) else None,
             "bucket_bytes": self.bucket_bytes,
+            "shard_optimizer_state": self.shard_optimizer_state,
         }
 
 

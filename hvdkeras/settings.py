@@ -56,6 +56,9 @@ class Settings:
     fp16_allreduce: bool = _setting(False, "bool", "send gradients as float16", flag=True)
     backward_passes_per_step: int = _setting(
         1, "int", "accumulate gradients locally over K batches per allreduce (default: 1)", flag=True, minimum=1)
+    shard_optimizer_state: bool = _setting(
+        False, "bool", "shard the optimizer's state across the workers (ZeRO stages 1 and 2: each worker keeps the "
+        "slots of its own part of the variables)", flag=True)
     no_shard: bool = _setting(
         False, "bool", "do not shard fit/evaluate data (for scripts that shard themselves)", flag=True)
     report_dir: str | None = _setting(

@@ -182,6 +182,7 @@ def _distributed(model, optimizer, scale: bool = True, loss_scale: bool = True):
         backward_passes_per_step=opts.backward_passes_per_step,
         # --backward-passes-per-step K: K batches make one step on a K times larger batch.
         average_aggregated_gradients=True,
+        shard_optimizer_state=opts.shard_optimizer_state,
     )
     return optimizer, scaled
 
