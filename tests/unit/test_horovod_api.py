@@ -77,7 +77,8 @@ def test_partial_distributed_optimizer_matches_horovod_keras():
     names = [p.name for p in parameters(horovod.keras.PartialDistributedOptimizer)]
     ours = parameters(hvdkeras.PartialDistributedOptimizer)
     assert [p.name for p in ours[:len(names)]] == names
-    assert [(p.name, p.default) for p in ours[len(names):]] == [("bucket_bytes", None)]
+    assert [(p.name, p.default) for p in ours[len(names):]] == [("bucket_bytes", None),
+                                                                ("shard_optimizer_state", False)]
 
 
 def test_is_version_greater_equal_than():

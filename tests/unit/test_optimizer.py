@@ -225,5 +225,6 @@ def test_calling_the_class_shows_horovods_parameters():
     import inspect
 
     names = list(inspect.signature(DistributedOptimizer).parameters)
-    assert names[:3] == ["optimizer", "name", "device_dense"] and names[-1] == "bucket_bytes"
+    assert names[:3] == ["optimizer", "name", "device_dense"] and names[-2:] == ["bucket_bytes",
+                                                                                 "shard_optimizer_state"]
     assert names == [n for n in inspect.signature(DistributedOptimizer.__init__).parameters if n != "self"]
