@@ -26,12 +26,15 @@ parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.R
 parser.add_argument("--epochs", type=int, default=6)
 parser.add_argument("--steps-per-epoch", type=int, default=20)
 parser.add_argument("--batch-size", type=int, default=32)
+parser.add_argument("--shard-optimizer-state", action="store_true",
+                    help="shard Adam's state across the workers (re-sharded whenever workers leave or join)")
 args = parser.parse_args()
 
 hvd.init()
 (x_train, y_train), _ = load()
 model = cnn()
-model.compile(optimizer=hvd.DistributedOptimizer(keras.optimizers.Adam(hvd.scale_learning_rate(1e-3))),
+model.compile(optimizer=hvd.DistributedOptimizer(keras.optimizers.Adam(hvd.scale_learning_rate(1e-3)),
+                                                 shard_optimizer_state=args.shard_optimizer_state),
               loss="sparse_categorical_crossentropy", metrics=["accuracy"])
 state = hvd.elastic.KerasState(model, epoch=0, batch=0, steps=0)
 

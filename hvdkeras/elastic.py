@@ -70,14 +70,25 @@ class TensorFlowKerasState(ObjectState):
             self.optimizer.build(model.trainable_variables)
         self._saved_values: list = []
         super().__init__(bcast_object=C.broadcast_object, get_rank=C.rank, **kwargs)
-        self._save_variables()
+        # Not gathered here: a worker that joins a running job makes its state while the others wait in sync.
+        self._save_variables(gather=False)
 
     def variables(self) -> list:
+        """The model's variables and the optimizer's, less a sharded optimizer's slots (`_saved_optimizer_state`)."""
         own = list(self.model.variables)
-        return own + (list(self.optimizer.variables) if self.optimizer is not None else [])
+        if self.optimizer is None:
+            return own
+        slots = {id(v) for v in getattr(self.optimizer, "shard_variables", list)()}
+        return own + [v for v in self.optimizer.variables if id(v) not in slots]
 
-    def _save_variables(self) -> None:
+    def _sharded(self) -> bool:
+        return bool(getattr(self.optimizer, "sharded", False))
+
+    def _save_variables(self, gather: bool = True) -> None:
         self._saved_values = [np.array(v.numpy(), copy=True) for v in self.variables()]
+        # A sharded optimizer's state, gathered in full (collective: every worker commits together), so that a
+        # lost worker's part survives it and a new world can be sharded again from rank 0's copy.
+        self._saved_optimizer_state = self.optimizer.gather_state() if gather and self._sharded() else None
 
     def save(self) -> None:
         self._save_variables()
@@ -89,6 +100,10 @@ class TensorFlowKerasState(ObjectState):
         super().restore()
 
     def sync(self) -> None:
+        if self._sharded():  # the world may have changed size: shard again, from rank 0's committed state
+            self.optimizer.reshard(self._saved_optimizer_state if C.rank() == 0 else None, root_rank=0)
+            # The traced step holds the old owners: trace it again.
+            self.model.train_function = None
         collectives.broadcast_variables(self.variables(), root_rank=0)
         self._save_variables()
         super().sync()

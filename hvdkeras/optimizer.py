@@ -353,10 +353,26 @@ class DistributedOptimizer(keras.optimizers.Optimizer, metaclass=_Factory):
         # The base optimizer's build, named, as in __init__: not LossScaleOptimizer.build for the loss-scale variant.
         keras.optimizers.Optimizer.build(self, var_list)
 
-    def _build_sharded(self, var_list):
+    def _make_shard(self, var_list):
         size = C.size() if C.is_initialized() else 1
         rank = C.rank() if C.is_initialized() else 0
-        self._shard = sharding.Shard.make(var_list, self.options, self._local_ids(), rank, size)
+        return sharding.Shard.make(var_list, self.options, self._local_ids(), rank, size)
+
+    def reshard(self, values: Any = None, root_rank: int = 0) -> None:
+        """Re-shards the state over the workers there are now (after an elastic resize), taking the slots from
+        `values`, the full state (`gather_state()`'s result) that `root_rank` holds. Collective: every worker
+        calls it; the others pass None. A no-op without sharding."""
+        if self._shard is None:
+            return
+        with tf.init_scope():
+            self._shard = self._make_shard(self._shard.variables)
+            self.inner_optimizer = sharding.rebuilt(self.inner_optimizer, self._shard)
+            sharding.install_cross_worker_rules(self.inner_optimizer, self._shard, self.options)
+            sharding.broadcast_state(self.inner_optimizer, self._state_layout(), self._shard, values, root_rank,
+                                     slots_only=True)
+
+    def _build_sharded(self, var_list):
+        self._shard = self._make_shard(var_list)
         # Keras may build inside the traced train step; the state's layout is read from eager copies.
         with tf.init_scope():
             if self.inner_optimizer.built:  # restored in full (load_model), then wrapped: keep this worker's part

@@ -224,13 +224,21 @@ def all_gather_variables(variables: Sequence[Any], shard: Shard, options: Reduct
     for k, group in enumerate(reduction.dense_groups(shared, variables, options)):
         per = _by_owner(group, variables, shard)
         dtype = variables[group[0]].dtype
-        send = [tf.convert_to_tensor(variables[i]) for i in per[shard.rank]] + [tf.cast(a, dtype) for a in anchors]
+        # Every worker sends the same number of elements, its part padded to the longest. With parts of
+        # different lengths, Horovod 0.28.1 over Gloo returned one bucket's buffer for another's (measured: two
+        # buckets in one step, one worker sending nothing to either and the other 64 and 32768 elements).
+        lengths = [sum(_numel(variables[i]) for i in owned) for owned in per]
+        longest = max(lengths)
+        flat = _flat([tf.convert_to_tensor(variables[i]) for i in per[shard.rank]]
+                     + [tf.cast(a, dtype) for a in anchors], dtype)
+        if lengths[shard.rank] < longest:
+            flat = tf.pad(flat, [[0, longest - lengths[shard.rank]]])
         with tf.device(options.device_dense):
-            full = C.allgather(_flat(send, dtype), name=f"hvdkeras.weights.{k}", process_set=options.process_set)
+            full = C.allgather(flat, name=f"hvdkeras.weights.{k}", process_set=options.process_set)
         # Every worker assigns every variable of the bucket from the gathered buffer, its own too (the same
         # bits): a traced step would otherwise prune the allgather on a worker that owns the whole bucket.
-        offset = 0
-        for owned in per:
+        for r, owned in enumerate(per):
+            offset = r * longest
             for i in owned:
                 n = _numel(variables[i])
                 variables[i].assign(tf.reshape(full[offset:offset + n], variables[i].shape))
@@ -377,7 +385,11 @@ def full_layout(optimizer: Any, variables: Sequence[Any]) -> list[Entry]:
 
 
 def gather_state(optimizer: Any, layout: Sequence[Entry], shard: Shard, options: ReductionOptions) -> list:
-    """The full state, as numpy arrays in `layout`'s order, on every worker (collective: every worker calls it)."""
+    """The full state, as numpy arrays in `layout`'s order, on every worker (collective: every worker calls it).
+
+    One allgather per dtype, each worker's part padded to the longest (see all_gather_variables). The slots'
+    shapes are exchanged once per shard: Adafactor's factored moments, say, are not shaped like their variable.
+    """
     position = {var_id(v): p for p, v in enumerate(shard.owned())}
 
     def local_value(entry: Entry) -> Any:
@@ -387,20 +399,32 @@ def gather_state(optimizer: Any, layout: Sequence[Entry], shard: Shard, options:
 
     mine = {j: local_value(e) for j, e in enumerate(layout)
             if e.variable is not None and shard.owners[e.variable] == shard.rank}
-    specs: dict[int, tuple] = {}
-    for part in C.allgather_object({j: (tuple(v.shape), str(v.dtype)) for j, v in mine.items()},
-                                   name="hvdkeras.sharded.state_specs"):
-        specs.update(part)
-    values = []
+    specs = shard.__dict__.get("_state_specs")
+    if specs is None:
+        specs = {}
+        for part in C.allgather_object({j: (tuple(v.shape), tf.as_dtype(v.dtype).name) for j, v in mine.items()},
+                                       name="hvdkeras.sharded.state_specs"):
+            specs.update(part)
+        object.__setattr__(shard, "_state_specs", specs)
+    values: list = [None] * len(layout)
     for j, entry in enumerate(layout):
-        owner = EVERY if entry.variable is None else shard.owners[entry.variable]
-        if owner == EVERY:
-            values.append(np.asarray(local_value(entry).numpy()))
-            continue
-        shape, dtype = specs[j]
-        send = tf.convert_to_tensor(mine[j]) if owner == shard.rank else tf.zeros(shape, dtype=dtype)
-        values.append(C.broadcast(send, owner, name=f"hvdkeras.sharded.state.{j}",
-                                  process_set=options.process_set).numpy())
+        if entry.variable is None or shard.owners[entry.variable] == EVERY:
+            values[j] = np.asarray(local_value(entry).numpy())
+    for dtype in sorted({d for _, d in specs.values()}):
+        entries = [j for j in sorted(specs) if specs[j][1] == dtype]
+        lengths = [sum(int(np.prod(specs[j][0])) for j in entries if shard.owners[layout[j].variable] == r)
+                   for r in range(shard.size)]
+        longest = max(lengths)
+        flat = _flat([tf.convert_to_tensor(mine[j]) for j in entries if j in mine], dtype)
+        if lengths[shard.rank] < longest:
+            flat = tf.pad(flat, [[0, longest - lengths[shard.rank]]])
+        full = C.allgather(flat, name=f"hvdkeras.sharded.state.{dtype}", process_set=options.process_set).numpy()
+        offsets = [r * longest for r in range(shard.size)]
+        for j in entries:
+            owner = shard.owners[layout[j].variable]
+            n = int(np.prod(specs[j][0]))
+            values[j] = full[offsets[owner]:offsets[owner] + n].reshape(specs[j][0])
+            offsets[owner] += n
     return values
 
 
@@ -417,15 +441,18 @@ def assign_state(optimizer: Any, layout: Sequence[Entry], shard: Shard, values: 
 
 
 def broadcast_state(optimizer: Any, layout: Sequence[Entry], shard: Shard, values: Sequence[Any] | None,
-                    root: int) -> bool:
+                    root: int, slots_only: bool = False) -> bool:
     """Sets every worker's part of the state from `values` (the full state, in `layout`'s order) that `root`
-    holds; the others pass None. Collective. Returns False, changing nothing, when root holds none."""
+    holds; the others pass None. Collective. Returns False, changing nothing, when root holds none.
+    `slots_only`: leave the variables held once per optimizer (iterations, learning rate) as they are."""
     specs = C.broadcast_object(None if values is None else [(np.shape(v), np.asarray(v).dtype.name) for v in values],
                                root_rank=root, name="hvdkeras.sharded.restore_specs")
     if specs is None:
         return False
     position = {var_id(v): p for p, v in enumerate(shard.owned())}
     for j, (entry, (shape, dtype)) in enumerate(zip(layout, specs)):
+        if slots_only and entry.variable is None:
+            continue
         send = tf.convert_to_tensor(values[j]) if shard.rank == root else tf.zeros(shape, dtype=dtype)
         value = C.broadcast(send, root, name=f"hvdkeras.sharded.restore.{j}")
         if entry.variable is None:
@@ -433,6 +460,14 @@ def broadcast_state(optimizer: Any, layout: Sequence[Entry], shard: Shard, value
         elif shard.owns(shard.variables[entry.variable]):
             _resolve(optimizer, entry.address, position[var_id(shard.variables[entry.variable])]).assign(value)
     return True
+
+
+def rebuilt(optimizer: Any, shard: Shard) -> Any:
+    """A fresh optimizer of the same kind built on this worker's part under `shard` (its slots at their initial
+    values), with the cross-worker rules installed: for a new world size, before its state is set."""
+    fresh = clone(optimizer)
+    fresh.build(shard.owned())
+    return fresh
 
 
 def reshard(full: Any, shard: Shard) -> Any:

@@ -16,7 +16,9 @@ import pytest
 
 from launch import REPO, VENV_BIN, base_env, dump_and_kill, kill_tree
 
-EPOCHS, STEPS = 8, 100
+EPOCHS = 8
+# Steps per epoch. Sharded, every commit (each step) gathers the optimizer's whole state: fewer steps.
+STEPS = {"unsharded": 100, "sharded": 40}
 
 
 def worker_on(host: str, script: str) -> psutil.Process | None:
@@ -29,9 +31,11 @@ def worker_on(host: str, script: str) -> psutil.Process | None:
     return None
 
 
-@pytest.fixture(scope="module")
-def job(tmp_path_factory):
-    out = tmp_path_factory.mktemp("elastic")
+@pytest.fixture(scope="module", params=["unsharded", "sharded"])
+def job(request, tmp_path_factory):
+    """The elastic job, with the optimizer's state whole on each worker, then sharded across them (re-sharded
+    from the committed state when the world shrinks to one and grows back to two)."""
+    out = tmp_path_factory.mktemp(f"elastic-{request.param}")
     hosts = out / "hosts.txt"
     hosts.write_text("localhost:1\n127.0.0.1:1\n")
     discover = out / "discover.sh"
@@ -40,7 +44,8 @@ def job(tmp_path_factory):
     script = str(REPO / "examples" / "elastic_digits.py")
     cmd = [str(VENV_BIN / "hvdkeras"), "run", "-np", "2", "--min-np", "1", "--max-np", "2",
            "--host-discovery-script", str(discover), "--no-shard", "--report-dir", str(out / "report"),
-           script, "--epochs", str(EPOCHS), "--steps-per-epoch", str(STEPS)]
+           script, "--epochs", str(EPOCHS), "--steps-per-epoch", str(STEPS[request.param]),
+           *(["--shard-optimizer-state"] if request.param == "sharded" else [])]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=str(out),
                             env=base_env(out), start_new_session=True)
     lines, events = [], {}
@@ -69,13 +74,13 @@ def job(tmp_path_factory):
     for path in (out / "report").glob("rank*.json"):
         report = json.loads(path.read_text())
         reports[report["rank"]] = report
-    return {"output": output, "events": events, "reports": reports}
+    return {"output": output, "events": events, "reports": reports, "steps": STEPS[request.param]}
 
 
 def test_training_finishes_every_planned_step(job):
     final = [line for line in job["output"].splitlines() if "finished" in line and "steps" in line]
     assert final, job["output"][-5000:]
-    assert f"finished {EPOCHS} epochs, {EPOCHS * STEPS} steps" in final[-1]
+    assert f"finished {EPOCHS} epochs, {EPOCHS * job['steps']} steps" in final[-1]
 
 
 def test_worker_joined_back_and_holds_identical_weights(job):
