@@ -34,7 +34,7 @@ from hvdkeras import callbacks as hvd_callbacks
 from hvdkeras import data, keras_output, patches, rank_zero, saving, settings, strategy, sync_batch_norm
 from hvdkeras.compression import Compression
 from hvdkeras.learning_rate import as_float, scale_factor, scale_learning_rate
-from hvdkeras.models import held_optimizers
+from hvdkeras.models import consolidate_optimizer_state, held_optimizers
 from hvdkeras.optimizer import DistributedOptimizer, unwrap
 
 log = logging.getLogger("hvdkeras")
@@ -325,7 +325,19 @@ def _same_on_every_worker(batch: Any) -> bool:
     return len(set(C.allgather_object(digest, name="hvdkeras.wrap.first_batch"))) == 1
 
 
-def _rank_zero_callbacks(callbacks: list) -> list:
+def _shards_state(model: Any) -> bool:
+    return any(isinstance(o, DistributedOptimizer) and o.shard_optimizer_state for o in held_optimizers(model).values())
+
+
+def _as_hvd_checkpoint(cb: keras.callbacks.ModelCheckpoint) -> hvd_callbacks.ModelCheckpoint:
+    """The script's ModelCheckpoint, configured as it is, as hvdkeras's: every worker runs its hooks and
+    gathers a sharded optimizer's state with the others before rank 0 saves."""
+    converted = hvd_callbacks.ModelCheckpoint.__new__(hvd_callbacks.ModelCheckpoint)
+    converted.__dict__.update(cb.__dict__)
+    return converted
+
+
+def _rank_zero_callbacks(callbacks: list, sharded: bool = False) -> list:
     out = []
     for cb in callbacks:
         if isinstance(cb, (hvd_callbacks.RankZeroOnly, hvd_callbacks.ModelCheckpoint, hvd_callbacks.TensorBoard,
@@ -333,6 +345,8 @@ def _rank_zero_callbacks(callbacks: list) -> list:
             out.append(cb)
         elif isinstance(cb, keras.callbacks.BackupAndRestore):
             out.append(_as_hvd_backup(cb))
+        elif sharded and isinstance(cb, keras.callbacks.ModelCheckpoint):
+            out.append(_as_hvd_checkpoint(cb))
         elif isinstance(cb, (keras.callbacks.ModelCheckpoint, keras.callbacks.TensorBoard, keras.callbacks.CSVLogger)):
             out.append(hvd_callbacks.RankZeroOnly(cb, wait=True))
         else:
@@ -429,7 +443,7 @@ def _fit(original, model, *args, **kwargs):
     if not opts.no_shard:
         kwargs = _sharded_fit_inputs(kwargs, opts.batch)
     _check_fit_inputs(model, kwargs)
-    callbacks = _rank_zero_callbacks(list(kwargs.get("callbacks") or []))
+    callbacks = _rank_zero_callbacks(list(kwargs.get("callbacks") or []), _shards_state(model))
     ours = [hvd_callbacks.BroadcastGlobalVariablesCallback(0), hvd_callbacks.MetricAverageCallback(),
             _MovingStatistics()]
     warm_lr = getattr(model, "_hvdkeras_warmup_lr", None)
@@ -501,7 +515,10 @@ def _named(original, args: tuple, kwargs: dict) -> dict:
 
 # ------------------------------------------------------------------------------------------------ files
 def _write_on_rank_zero(original, model, filepath, *args, **kwargs):
-    """`save` / `save_weights`: rank 0 writes atomically, the others wait for it."""
+    """`save` / `save_weights`: rank 0 writes atomically, the others wait for it (having first gathered a sharded
+    optimizer's state with it, when every worker is here)."""
+    if not rank_zero.in_solo():
+        consolidate_optimizer_state(model)
     return rank_zero.on_rank_zero(saving.write_atomically, functools.partial(original, model), filepath,
                                *args, **kwargs)
 

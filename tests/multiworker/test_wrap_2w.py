@@ -35,6 +35,11 @@ def per_worker(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
+def sharded(tmp_path_factory):
+    return _run_two(tmp_path_factory.mktemp("wrap2sharded"), "--shard-optimizer-state")
+
+
+@pytest.fixture(scope="module")
 def one(tmp_path_factory):
     out = tmp_path_factory.mktemp("wrap1")
     cmd = [sys.executable, "-m", "hvdkeras", "--report-dir", str(out / "report"), str(SCRIPT),
@@ -58,6 +63,21 @@ def test_per_worker_batch_each_worker_runs_half_the_steps(per_worker, one):
 
 def test_weights_identical_on_both_ranks(two):
     assert two.reports[0]["weights_sha256"] == two.reports[1]["weights_sha256"]
+
+
+def test_shard_optimizer_state_trains_the_same_weights_and_saves_the_full_state(sharded, two):
+    import keras
+    import numpy as np
+
+    assert sharded.reports[0]["weights_sha256"] == sharded.reports[1]["weights_sha256"]
+    assert sharded.reports[0]["weights_sha256"] == two.reports[0]["weights_sha256"]
+    names = sorted(p.name for p in (sharded.out / "model").iterdir())
+    assert names == [f"ckpt-{e:02d}.keras" for e in range(1, EPOCHS + 1)] + ["digits.keras"]
+    for name in ("ckpt-01.keras", "digits.keras"):  # ModelCheckpoint's and the script's model.save
+        ours, theirs = (keras.models.load_model(job.out / "model" / name).optimizer for job in (sharded, two))
+        assert len(ours.variables) == len(theirs.variables)
+        for a, b in zip(ours.variables, theirs.variables):
+            np.testing.assert_array_equal(np.asarray(a.numpy()), np.asarray(b.numpy()))
 
 
 def test_one_checkpoint_per_epoch_and_one_saved_model(two):
