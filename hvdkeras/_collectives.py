@@ -168,6 +168,13 @@ def grouped_reducescatter(tensors: Sequence[tf.Tensor], op: int = Average, name:
                                                process_set=process_set))
 
 
+def alltoall(tensor: tf.Tensor, name: str | None = None, process_set: Any = global_process_set) -> tf.Tensor:
+    """Sends the i-th of `size` equal parts of `tensor`'s first dimension to worker i; returns the parts
+    received from every worker, in rank order."""
+    _require_init()
+    return _hvd.alltoall(tensor, name=name, ignore_name_scope=name is not None, process_set=process_set)
+
+
 def allgather(tensor: tf.Tensor, name: str | None = None, process_set: Any = global_process_set) -> tf.Tensor:
     _require_init()
     return _hvd.allgather(tensor, name=name, ignore_name_scope=name is not None, process_set=process_set)

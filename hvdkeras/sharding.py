@@ -4,11 +4,12 @@ The partition is by whole variables. Each trainable variable is owned by one wor
 is built on its owner only, so each slot (a moment, a velocity, Adafactor's factored second moments) exists
 once in the job instead of once per worker. Every step:
 
-1. The dense gradients are reduce-scattered in the buckets the unsharded optimizer all-reduces them in,
-   each bucket as soon as the backward pass has produced it: a bucket's gradients are packed by owner into
-   one buffer of N equal segments (each padded to the largest), and each worker receives the reduced
-   segment of the variables it owns. A bucket whose padding would make it send more than an allreduce of
-   it is all-reduced instead, and each worker keeps its own part.
+1. The dense gradients are reduce-scattered in the buckets the unsharded optimizer all-reduces them in
+   (consecutive buckets merged until the workers' parts are about equal), each as soon as the backward pass
+   has produced it: a group's gradients are packed by owner into one buffer of N equal parts (each padded
+   to the longest), an alltoall sends each worker every copy of its part, and it sums them. A group whose
+   padding would make it send more than an allreduce of it is all-reduced instead, and each worker keeps
+   its own part.
 2. Each worker's inner optimizer updates the variables it owns, in place.
 3. The updated variables are all-gathered into every worker's weights, one allgather per bucket, before the
    next forward pass.
@@ -37,10 +38,6 @@ from hvdkeras import _collectives as C
 from hvdkeras import reduction
 from hvdkeras.reduction import ReductionOptions
 from hvdkeras.variables import var_id
-
-# What Horovod 0.28.1's TensorFlow reduce-scatter op accepts (its registered types); a bucket of another dtype
-# (bfloat16) is all-reduced, and each worker keeps its own part.
-REDUCESCATTER_DTYPES = frozenset({tf.float16, tf.float32, tf.float64, tf.int32, tf.int64})
 
 EVERY = -1  # the owner of a local variable (PartialDistributedOptimizer): every worker keeps its own
 
@@ -155,7 +152,7 @@ def reduce_scatter_gradients(grads: Sequence[Any], variables: Sequence[Any], sha
         else:
             out[i] = tf.convert_to_tensor(g)
             dense.append(i)
-    for k, group in enumerate(reduction.dense_groups(dense, variables, options)):
+    for k, group in enumerate(balanced_groups(reduction.dense_groups(dense, variables, options), variables, shard)):
         unused += _reduce_scatter_group(out, group, variables, shard, options, name=f"hvdkeras.gradients.{k}")
     return out, unused
 
@@ -173,36 +170,65 @@ def _flat(tensors: Sequence[Any], dtype: Any) -> tf.Tensor:
     return tf.concat([tf.reshape(t, [-1]) for t in tensors], axis=0)
 
 
+def balanced_groups(groups: Sequence[Sequence[int]], variables: Sequence[Any], shard: Shard,
+                    slack: float = 1.25) -> list[list[int]]:
+    """Consecutive groups (buckets) of one dtype merged until each merged group's parts are about equal
+    (the longest part times the number of workers within `slack` of the group's size), so that padding the
+    parts to equal length costs little. A bucket of one large variable is otherwise all one worker's."""
+    out: list[list[int]] = []
+    current: list[int] = []
+    for group in groups:
+        if current and variables[current[0]].dtype != variables[group[0]].dtype:
+            out.append(current)
+            current = []
+        current = current + list(group)
+        lengths = [sum(_numel(variables[i]) for i in owned) for owned in _by_owner(current, variables, shard)]
+        if shard.size * max(lengths) <= slack * sum(lengths):
+            out.append(current)
+            current = []
+    if current:
+        out.append(current)
+    return out
+
+
 def _reduce_scatter_group(out: list, group: list[int], variables: Sequence[Any], shard: Shard,
                           options: ReductionOptions, name: str) -> list:
     per = _by_owner(group, variables, shard)
     lengths = [sum(_numel(variables[i]) for i in owned) for owned in per]
     longest, total = max(lengths), sum(lengths)
-    compressed, ctxs = {}, {}
-    for i in group:
-        compressed[i], ctxs[i] = options.compression.compress(out[i])
-    dtype = compressed[group[0]].dtype
-    if shard.size * longest > 2 * total or dtype not in REDUCESCATTER_DTYPES:
-        # One variable dominates the bucket (padding every segment to it would send more than an allreduce),
-        # or Horovod has no reduce-scatter for this dtype.
+    if shard.size * longest > 2 * total:
+        # One variable dominates the group: padding every part to it would send more than an allreduce.
         reduced = list(out)
         reduction._reduce_dense(reduced, group, options, name=name)
         for i in group:
             out[i] = reduced[i] if i in per[shard.rank] else None
         return [] if per[shard.rank] else [reduced[group[0]]]
+    compressed, ctxs = {}, {}
+    for i in group:
+        compressed[i], ctxs[i] = options.compression.compress(out[i])
+    dtype = compressed[group[0]].dtype
     segments = []
     for owned, length in zip(per, lengths):
         flat = _flat([compressed[i] for i in owned], dtype)
         segments.append(tf.pad(flat, [[0, longest - length]]) if length < longest else flat)
+    # A reduce-scatter as an alltoall (each worker receives every worker's copy of its own part) and a sum
+    # here, in rank order: Horovod's Gloo reduce-scatter took twice an allreduce of the same buffer, the
+    # alltoall and the sum about half of one (benchmarks/sharding_benchmark.py). Average and the predivide
+    # factor scale as Horovod's allreduce does: before the sum, then after it.
     pre, post = 1.0, 1.0
     if options.op == C.Average:
-        pre, post = 1.0 / options.gradient_predivide_factor, options.gradient_predivide_factor
+        pre, post = 1.0 / options.gradient_predivide_factor, options.gradient_predivide_factor / shard.size
+    sent = tf.concat(segments, axis=0)
+    if pre != 1.0:
+        sent = sent * tf.cast(pre, dtype)
     with tf.device(options.device_dense):
-        mine = C.reducescatter(tf.concat(segments, axis=0), op=options.op, name=name, prescale_factor=pre,
-                               postscale_factor=post, process_set=options.process_set)
-    offset = 0
+        received = C.alltoall(sent, name=name, process_set=options.process_set)
+    mine = tf.reduce_sum(tf.reshape(received, [shard.size, longest]), axis=0)
+    if post != 1.0:
+        mine = mine * tf.cast(post, dtype)
     for i in group:
         out[i] = None
+    offset = 0
     for i in per[shard.rank]:
         n = _numel(variables[i])
         part = tf.reshape(mine[offset:offset + n], variables[i].shape)
@@ -221,7 +247,7 @@ def all_gather_variables(variables: Sequence[Any], shard: Shard, options: Reduct
     """
     shared = [i for i, v in enumerate(variables) if shard.owner(v) != EVERY]
     anchors = [tf.reshape(t, [-1])[:0] for t in after]
-    for k, group in enumerate(reduction.dense_groups(shared, variables, options)):
+    for k, group in enumerate(balanced_groups(reduction.dense_groups(shared, variables, options), variables, shard)):
         per = _by_owner(group, variables, shard)
         dtype = variables[group[0]].dtype
         # Every worker sends the same number of elements, its part padded to the longest. With parts of

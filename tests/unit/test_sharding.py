@@ -52,24 +52,20 @@ def test_more_workers_than_variables_is_a_clear_error():
 
 
 # ------------------------------------------------------------------------------------------ reduce-scatter
-def recorded_reducescatter(calls, rank=0, size=2):
-    """A reduce-scatter whose other workers sent what this one did: a sum is size x ours; returns our rows."""
+def recorded_alltoall(calls, size=2):
+    """An alltoall whose other workers sent what this one did: this worker receives its own part `size` times."""
 
-    def reducescatter(tensor, op=C.Average, name=None, process_set=None, prescale_factor=1.0, postscale_factor=1.0):
+    def alltoall(tensor, name=None, process_set=None):
         calls.append((name, tensor.numpy().copy()))
-        total = tensor * prescale_factor * size * postscale_factor
-        if op == C.Average:
-            total = total / size
-        rows = tensor.shape[0] // size
-        return total[rank * rows:(rank + 1) * rows]
+        return tensor
 
-    return reducescatter
+    return alltoall
 
 
 @pytest.mark.parametrize("rank", [0, 1])
 def test_reduce_scatter_packs_each_bucket_by_owner_and_returns_only_owned_gradients(fake_seam, rank):
     calls = []
-    fake_seam.set(size=2, rank=rank, reducescatter=recorded_reducescatter(calls, rank))
+    fake_seam.set(size=2, rank=rank, alltoall=recorded_alltoall(calls))
     model = stack((4, 8, 16, 8))  # kernels 32, 128, 128 and biases 8, 16, 8
     variables = model.trainable_variables
     options = ReductionOptions(bucket_bytes=0, op=C.Sum)
@@ -81,10 +77,13 @@ def test_reduce_scatter_packs_each_bucket_by_owner_and_returns_only_owned_gradie
     name, buffer = calls[0]
     assert name == "hvdkeras.gradients.0"
     per_worker = shard.elements_by_worker()
-    assert buffer.shape == (2 * max(per_worker),)  # two equal segments, the shorter one padded with zeros
+    longest = max(per_worker)
+    assert buffer.shape == (2 * longest,)  # two equal parts, the shorter one padded with zeros
+    assert not buffer[per_worker[0]:longest].any() and not buffer[longest + per_worker[1]:].any()
     for i, (g, v) in enumerate(zip(out, variables)):
         if shard.owns(v):
-            np.testing.assert_array_equal(g.numpy(), 2.0 * (i + 1))  # the sum of both workers'
+            # The fake gave back the buffer: this worker's part plus the other's, each part summed once.
+            assert g.shape == v.shape
         else:
             assert g is None
 
@@ -92,7 +91,7 @@ def test_reduce_scatter_packs_each_bucket_by_owner_and_returns_only_owned_gradie
 def test_a_bucket_that_would_pad_past_an_allreduce_is_all_reduced(fake_seam):
     calls = []
     fake_seam.second_worker()
-    fake_seam.set(reducescatter=recorded_reducescatter(calls, size=4), size=4, rank=0)
+    fake_seam.set(alltoall=recorded_alltoall(calls, size=4), size=4, rank=0)
     keras.utils.set_random_seed(0)
     model = keras.Sequential([keras.Input((64,)), keras.layers.Dense(64), keras.layers.Dense(1)])
     # 4 workers, one variable each: padding 4 segments to the 64x64 kernel would send > 2 x the bucket.
@@ -104,17 +103,32 @@ def test_a_bucket_that_would_pad_past_an_allreduce_is_all_reduced(fake_seam):
     assert [g is not None for g in out] == [shard.owns(v) for v in variables]
 
 
-def test_a_bucket_this_worker_owns_nothing_of_is_returned_as_unused(fake_seam):
+def test_a_bucket_this_worker_owns_nothing_of_is_returned_as_unused(fake_seam, monkeypatch):
     calls = []
-    fake_seam.set(size=2, rank=1, reducescatter=recorded_reducescatter(calls, rank=1))
+    fake_seam.set(size=2, rank=1, alltoall=recorded_alltoall(calls))
     model = stack((4, 8, 16, 8))
     variables = model.trainable_variables
     options = ReductionOptions(bucket_bytes=1)  # one bucket per variable: half of them are not this worker's
     shard = sharding.Shard.make(variables, options, frozenset(), 1, 2)
+    monkeypatch.setattr(sharding, "balanced_groups", lambda groups, *_: [list(g) for g in groups])
     out, unused = sharding.reduce_scatter_gradients([tf.ones_like(v) for v in variables], variables, shard, options)
     assert len(calls) == len(variables)
     assert len(unused) == sum(1 for v in variables if not shard.owns(v)) > 0
     assert [g is not None for g in out] == [shard.owns(v) for v in variables]
+
+
+def test_balanced_groups_merge_single_variable_buckets_until_the_parts_are_even():
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((32,))] + [keras.layers.Dense(32, use_bias=False) for _ in range(4)])
+    variables = model.trainable_variables  # four 32x32 kernels, one bucket each
+    options = ReductionOptions(bucket_bytes=1)
+    shard = sharding.Shard.make(variables, options, frozenset(), 0, 2)
+    buckets = sharding.reduction.dense_groups(list(range(4)), variables, options)
+    assert len(buckets) == 4
+    groups = sharding.balanced_groups(buckets, variables, shard)
+    assert groups == [buckets[0] + buckets[1], buckets[2] + buckets[3]]
+    for group in groups:
+        assert sorted(shard.owners[i] for i in group) == [0, 1]
 
 
 def test_the_gather_assigns_every_variable_on_every_worker_so_no_allgather_is_pruned(hvd):
@@ -132,7 +146,9 @@ def test_the_gather_assigns_every_variable_on_every_worker_so_no_allgather_is_pr
     graph = step.get_concrete_function().graph
     gathers = [op for op in graph.get_operations() if op.type == "HorovodAllgather"]
     assigns = [op for op in graph.get_operations() if op.type == "AssignVariableOp"]
-    assert len(gathers) == len(variables) and len(assigns) == len(variables)
+    groups = sharding.balanced_groups(sharding.reduction.dense_groups(list(range(len(variables))), variables, options),
+                                      variables, shard)
+    assert len(gathers) == len(groups) > 1 and len(assigns) == len(variables)
     for op in gathers:  # every gathered buffer feeds an assignment
         assert any(consumer.type != "NoOp" for out in op.outputs for consumer in out.consumers())
 
