@@ -15,7 +15,7 @@ STAMP := $(VENV)/.hvdkeras-installed
 PYTEST_ARGS ?=
 NETBENCH_ARGS ?=
 
-.PHONY: install lab test test-fast demo bench netbench batchbench lint clean
+.PHONY: install lab test test-fast demo bench netbench batchbench shardbench lint clean
 
 install: $(STAMP)
 
@@ -61,6 +61,11 @@ netbench: install lab
 # writes docs/batch_convention.json.
 batchbench: install
 	$(PY) benchmarks/batch_convention.py --out docs
+
+# Sharded optimizer state against unsharded, N = 1, 2, 4, and under a per-worker memory cgroup (needs root);
+# writes docs/sharding_benchmark.{json,png}.
+shardbench: install
+	$(PY) benchmarks/sharding_benchmark.py --out docs
 
 # ruff, then the package's layers (the import-linter contracts in setup.cfg).
 lint: install

@@ -155,11 +155,11 @@ class DistributedOptimizer(keras.optimizers.Optimizer, metaclass=_Factory):
             allreduce that starts as soon as its gradients exist, while the backward pass computes the
             rest. 0: one fused allreduce for all of them. None (default): $HVDKERAS_BUCKET_BYTES if set,
             else DEFAULT_BUCKET_BYTES (64 KiB).
-        shard_optimizer_state: keyword only. Shard the inner optimizer's state across the workers (ZeRO
-            stages 1 and 2): each variable's slots live on one worker only, gradients are reduce-scattered
-            to their owners, and each owner's updated variables are all-gathered into every worker's weights
-            before the next step. Training is the same training; `variables` holds this worker's part, and
-            saving gathers the whole state (every worker must take part: see docs/sharding.md).
+        shard_optimizer_state: keyword only. Shard the inner optimizer's state across the workers (ZeRO):
+            each variable's slots live on one worker only, its reduced gradient reaches that worker only,
+            and each owner's updated variables are all-gathered into every worker's weights before the next
+            step. Training is the same training; `variables` holds this worker's part, and saving gathers
+            the whole state (every worker must take part: see docs/sharding.md).
 
     The parameters up to `scale_local_gradients` are Horovod's, in Horovod's order and with its defaults.
 
@@ -446,7 +446,7 @@ class DistributedOptimizer(keras.optimizers.Optimizer, metaclass=_Factory):
         )
 
     def _reduce_and_apply(self, grads, trainable_variables):
-        if self._shard is None:
+        if self._shard is None or self._shard.size == 1:  # one worker owns everything: nothing to scatter
             self.inner_optimizer.apply(self.reduce_gradients(grads, trainable_variables), trainable_variables)
             return
         local = self._local_ids() if (self._local_vars or self._local_layers) else frozenset()

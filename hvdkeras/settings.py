@@ -57,8 +57,8 @@ class Settings:
     backward_passes_per_step: int = _setting(
         1, "int", "accumulate gradients locally over K batches per allreduce (default: 1)", flag=True, minimum=1)
     shard_optimizer_state: bool = _setting(
-        False, "bool", "shard the optimizer's state across the workers (ZeRO stages 1 and 2: each worker keeps the "
-        "slots of its own part of the variables)", flag=True)
+        False, "bool", "shard the optimizer's state across the workers (ZeRO: each worker keeps the optimizer's "
+        "slots for its own share of the variables; docs/sharding.md)", flag=True)
     no_shard: bool = _setting(
         False, "bool", "do not shard fit/evaluate data (for scripts that shard themselves)", flag=True)
     report_dir: str | None = _setting(

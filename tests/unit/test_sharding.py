@@ -80,7 +80,7 @@ def test_reduce_scatter_packs_each_bucket_by_owner_and_returns_only_owned_gradie
     longest = max(per_worker)
     assert buffer.shape == (2 * longest,)  # two equal parts, the shorter one padded with zeros
     assert not buffer[per_worker[0]:longest].any() and not buffer[longest + per_worker[1]:].any()
-    for i, (g, v) in enumerate(zip(out, variables)):
+    for g, v in zip(out, variables):
         if shard.owns(v):
             # The fake gave back the buffer: this worker's part plus the other's, each part summed once.
             assert g.shape == v.shape

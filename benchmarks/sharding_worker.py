@@ -1,0 +1,96 @@
+"""One worker of benchmarks/sharding_benchmark.py: trains an MLP of LAYERS x Dense(WIDTH) with Adam for a few steps,
+with or without shard_optimizer_state, and writes what it measured to OUT/rank<r>.json.
+
+    sharding_worker.py OUT --width W --layers L --steps S [--shard] [--cgroup PATH]
+
+With --cgroup, the process first moves itself into that memory cgroup (its limit is this worker's memory), so
+the kernel kills it when it needs more.
+"""
+
+import argparse
+import json
+import os
+import resource
+import statistics
+import sys
+import time
+
+parser = argparse.ArgumentParser()
+parser.add_argument("out")
+parser.add_argument("--width", type=int, required=True)
+parser.add_argument("--layers", type=int, required=True)
+parser.add_argument("--steps", type=int, default=6)
+parser.add_argument("--batch", type=int, default=8)
+parser.add_argument("--shard", action="store_true")
+parser.add_argument("--cgroup", default=None)
+args = parser.parse_args()
+
+if args.cgroup:
+    rank = int(os.environ.get("HOROVOD_RANK", "0"))
+    with open(os.path.join(f"{args.cgroup}-{rank}", "cgroup.procs"), "w") as f:
+        f.write(str(os.getpid()))
+
+import keras  # noqa: E402
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+import hvdkeras as hvd  # noqa: E402
+
+hvd.init()
+keras.utils.set_random_seed(0)
+model = keras.Sequential([keras.Input((args.width,))]
+                         + [keras.layers.Dense(args.width, activation="relu") for _ in range(args.layers - 1)]
+                         + [keras.layers.Dense(args.width)])
+opt = hvd.DistributedOptimizer(keras.optimizers.Adam(1e-4), shard_optimizer_state=args.shard)
+model.compile(optimizer=opt, loss="mse")
+opt.build(model.trainable_variables)
+x = tf.random.stateless_normal((args.batch, args.width), seed=(1, hvd.rank()))
+times = []
+
+
+def hwm_bytes() -> int:
+    """The process's peak resident memory since it was last reset (VmHWM)."""
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmHWM:"))
+
+
+class Timer(keras.callbacks.Callback):
+    """Times each step; after the first, resets the peak resident memory, so that what is read at the end is
+    the peak of the training steps alone (not of building the model and broadcasting its first state)."""
+
+    def on_train_batch_begin(self, batch, logs=None):
+        self.start = time.perf_counter()
+
+    def on_train_batch_end(self, batch, logs=None):
+        times.append(time.perf_counter() - self.start)
+        if batch == 0:
+            with open("/proc/self/clear_refs", "w") as f:
+                f.write("5")
+
+
+data = tf.data.Dataset.from_tensors((x, x)).repeat(args.steps)
+model.fit(data, epochs=1, verbose=0, callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0), Timer()])
+steps_peak = hwm_bytes()
+
+
+def nbytes(variables):
+    return int(sum(np.prod(v.shape) * tf.as_dtype(v.dtype).size for v in variables))
+
+
+inner = opt.inner_optimizer
+once = {id(v) for v in (inner.iterations, getattr(inner, "_learning_rate", None)) if v is not None}
+slots = opt.shard_variables() if args.shard else [v for v in inner.variables if id(v) not in once]
+result = {
+    "rank": hvd.rank(), "size": hvd.size(), "shard": args.shard, "width": args.width, "layers": args.layers,
+    "params": int(model.count_params()), "optimizer_state_bytes": nbytes(slots),
+    "weights_bytes": nbytes(model.trainable_variables),
+    # The process's peak resident memory (building and broadcasting included), and the peak of the steps after
+    # the first one.
+    "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+    "steps_peak_rss_bytes": steps_peak,
+    "step_seconds": statistics.median(times[2:]) if len(times) > 2 else None,
+    "loss_finite": bool(np.isfinite(model.evaluate(x, x, verbose=0))),
+}
+with open(os.path.join(args.out, f"rank{hvd.rank()}.json"), "w") as f:
+    json.dump(result, f)
+print(json.dumps(result), file=sys.stderr)
