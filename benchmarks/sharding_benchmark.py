@@ -6,6 +6,9 @@
    bytes of optimizer state counted from its variables, its peak resident memory, and the median step time.
 2. The largest such MLP (8 layers, width searched in steps of 256) that trains at N = 2 when each worker is
    held to --limit-gib by a memory cgroup (v1, needs root), each way.
+3. With --hosts RATE (needs root, ip and tc): the step time on the two test hosts (network namespaces joined
+   by a veth pair shaped to RATE with tc tbf, as in benchmarks/network_benchmark.py), one worker on each, an
+   MLP of 8 x Dense(--hosts-width), each way, in one run.
 
 Writes OUT/sharding_benchmark.json and OUT/sharding_benchmark.png and prints the ratios.
 """
@@ -113,6 +116,34 @@ def largest_model(limit_gib: float, shard: bool) -> dict:
         _remove_cgroups(base, 2)
 
 
+def on_hosts(rate: str, width: int, steps: int) -> dict:
+    """Median step time, sharded and unsharded, one worker on each of the two test hosts over RATE."""
+    from network_benchmark import run_on_hosts, shape
+
+    from netlab import LabHosts
+
+    tmp = Path(tempfile.mkdtemp(prefix="hvdk-shardbench-"))
+    lab = LabHosts(tmp, subnet=79).start()
+    result: dict = {"rate": rate, "width": width, "layers": LAYERS, "steps": steps}
+    try:
+        shape(lab, rate, 0)
+        for k, shard in enumerate((False, True, False, True)):  # interleaved: each way twice
+            out = tmp / f"run{k}"
+            out.mkdir()
+            argv = [str(WORKER), str(out), "--width", str(width), "--layers", str(LAYERS), "--steps", str(steps),
+                    *(["--shard"] if shard else [])]
+            run_on_hosts(lab, argv, out, 29810 + k, timeout=900, what="sharding")
+            ranks = [json.loads(p.read_text()) for p in sorted(out.glob("rank*.json"))]
+            side = "sharded" if shard else "unsharded"
+            result.setdefault(side, []).append(max(r["step_seconds"] for r in ranks))
+            result["params"] = ranks[0]["params"]
+            print(f"hosts at {rate}: {side}, step {result[side][-1]:.3f} s", flush=True)
+    finally:
+        lab.stop()
+    result["ratio"] = min(result["sharded"]) / min(result["unsharded"])
+    return result
+
+
 def plot(rows: list[dict], largest: dict, path: Path) -> None:
     import matplotlib
 
@@ -143,7 +174,20 @@ def main() -> None:
     parser.add_argument("--out", default="docs")
     parser.add_argument("--steps", type=int, default=6)
     parser.add_argument("--limit-gib", type=float, default=2.5)
+    parser.add_argument("--hosts", default=None, help="also time both ways on the two test hosts at this rate")
+    parser.add_argument("--hosts-width", type=int, default=768)
+    parser.add_argument("--only-hosts", action="store_true", help="only the two test hosts' part")
     args = parser.parse_args()
+    if args.only_hosts:
+        if not args.hosts:
+            parser.error("--only-hosts needs --hosts RATE. Received: --hosts not given")
+        hosts = on_hosts(args.hosts, args.hosts_width, args.steps)
+        print(f"hosts at {args.hosts}: sharded / unsharded step time {hosts['ratio']:.3f}")
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        hosts["date"] = datetime.date.today().isoformat()
+        (out / "sharding_hosts.json").write_text(json.dumps(hosts, indent=1))
+        return
     if os.geteuid() != 0 or not CGROUP_ROOT.is_dir():
         raise SystemExit("the largest-model part needs root and the v1 memory cgroup at /sys/fs/cgroup/memory")
     started = time.time()

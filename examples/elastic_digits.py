@@ -62,5 +62,5 @@ def train(state):
 
 train(state)
 if hvd.rank() == 0:
-    print(f"finished {state.epoch} epochs, {state.steps} steps, on {hvd.size()} workers "
-          f"(pid {os.getpid()})")
+    print(f"finished {state.epoch} epochs, {state.steps} steps, on {hvd.size()} workers, optimizer state "
+          f"{'sharded' if model.optimizer.sharded else 'whole'} (pid {os.getpid()})")

@@ -537,8 +537,11 @@ def weights_digest(arrays: Any) -> str:
 
 
 def _report(model) -> None:
-    """--report-dir: each worker writes rankN.json with its steps per fit and the digest of its final weights,
-    so a job's own CI can check that the workers stayed one job without changing the script."""
+    """--report-dir: each worker writes rankN.json with its steps per fit, the digest of its final weights and
+    which of the model's optimizers shard their state, so a job's own CI can check that the workers stayed one
+    job without changing the script."""
+    sharded = [name for name, o in held_optimizers(model).items() if isinstance(o, DistributedOptimizer) and o.sharded]
     saving.write_json_atomically(os.path.join(_opts().report_dir, f"rank{C.rank()}.json"),
                                  {"rank": C.rank(), "size": C.size(), "fit_steps": list(_state["fits"]),
-                                  "weights_sha256": weights_digest(model.get_weights())})
+                                  "weights_sha256": weights_digest(model.get_weights()),
+                                  "sharded_optimizers": sharded})

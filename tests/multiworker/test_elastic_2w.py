@@ -18,7 +18,7 @@ from launch import REPO, VENV_BIN, base_env, dump_and_kill, kill_tree
 
 EPOCHS = 8
 # Steps per epoch. Sharded, every commit (each step) gathers the optimizer's whole state: fewer steps.
-STEPS = {"unsharded": 100, "sharded": 40}
+STEPS = {"unsharded": 100, "sharded": 25}
 
 
 def worker_on(host: str, script: str) -> psutil.Process | None:
@@ -74,13 +74,15 @@ def job(request, tmp_path_factory):
     for path in (out / "report").glob("rank*.json"):
         report = json.loads(path.read_text())
         reports[report["rank"]] = report
-    return {"output": output, "events": events, "reports": reports, "steps": STEPS[request.param]}
+    return {"output": output, "events": events, "reports": reports, "steps": STEPS[request.param],
+            "sharded": request.param == "sharded"}
 
 
 def test_training_finishes_every_planned_step(job):
     final = [line for line in job["output"].splitlines() if "finished" in line and "steps" in line]
     assert final, job["output"][-5000:]
     assert f"finished {EPOCHS} epochs, {EPOCHS * job['steps']} steps" in final[-1]
+    assert f"optimizer state {'sharded' if job['sharded'] else 'whole'}" in final[-1]
 
 
 def test_worker_joined_back_and_holds_identical_weights(job):

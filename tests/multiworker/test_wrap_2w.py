@@ -69,6 +69,8 @@ def test_shard_optimizer_state_trains_the_same_weights_and_saves_the_full_state(
     import keras
     import numpy as np
 
+    assert [sharded.reports[r]["sharded_optimizers"] for r in (0, 1)] == [["optimizer"]] * 2
+    assert two.reports[0]["sharded_optimizers"] == []
     assert sharded.reports[0]["weights_sha256"] == sharded.reports[1]["weights_sha256"]
     assert sharded.reports[0]["weights_sha256"] == two.reports[0]["weights_sha256"]
     names = sorted(p.name for p in (sharded.out / "model").iterdir())
