@@ -275,6 +275,9 @@ class DistributedOptimizer(keras.optimizers.Optimizer, metaclass=_Factory):
         values, self._loaded = self._loaded, None
         return sharding.broadcast_state(self.inner_optimizer, self._state_layout(), self._shard, values, root_rank)
 
+    def scale_loss(self, loss):
+        return self.inner_optimizer.scale_loss(loss)
+
     # ----------------------------------------------------------------------------------- sharded state
     @property
     def sharded(self) -> bool:

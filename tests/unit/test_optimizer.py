@@ -228,3 +228,8 @@ def test_calling_the_class_shows_horovods_parameters():
     assert names[:3] == ["optimizer", "name", "device_dense"] and names[-2:] == ["bucket_bytes",
                                                                                  "shard_optimizer_state"]
     assert names == [n for n in inspect.signature(DistributedOptimizer.__init__).parameters if n != "self"]
+
+
+def test_the_loss_is_scaled_by_the_inner_optimizers_loss_scale_factor():
+    opt = DistributedOptimizer(keras.optimizers.SGD(0.1, loss_scale_factor=4.0))
+    assert float(opt.scale_loss(tf.constant(1.5))) == 6.0
