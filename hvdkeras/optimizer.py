@@ -308,11 +308,7 @@ class DistributedOptimizer(keras.optimizers.Optimizer, metaclass=_Factory):
 
     def shard_variables(self) -> list:
         """This worker's own slots, which differ between workers (sharded); empty when not sharded."""
-        if self._shard is None:
-            return []
-        single = {id(v) for layer in sharding._layers(self.inner_optimizer) for v in vars(layer).values()
-                  if isinstance(v, keras.Variable)}
-        return [v for v in self.inner_optimizer.variables if id(v) not in single]
+        return [] if self._shard is None else sharding.slots(self.inner_optimizer)
 
     def finalize_variable_values(self, var_list):
         if self._shard is None:
@@ -452,9 +448,8 @@ class DistributedOptimizer(keras.optimizers.Optimizer, metaclass=_Factory):
         if self._shard is None or self._shard.size == 1:  # one worker owns everything: nothing to scatter
             self.inner_optimizer.apply(self.reduce_gradients(grads, trainable_variables), trainable_variables)
             return
-        local = self._local_ids() if (self._local_vars or self._local_layers) else frozenset()
         reduced, unused = sharding.reduce_scatter_gradients(grads, trainable_variables, self._shard, self.options,
-                                                            local)
+                                                            self._local_set())
         owned = [(g, v) for g, v in zip(reduced, trainable_variables) if self._shard.owns(v)]
         if unwrap(self).global_clipnorm and all(g is None for g, _ in owned):
             # Keras clips only where there are gradients; the other workers would wait for this one's norm.
@@ -473,8 +468,10 @@ class DistributedOptimizer(keras.optimizers.Optimizer, metaclass=_Factory):
 
     def reduce_gradients(self, grads: Any, variables: Any) -> list:
         """All-reduces a list of gradients (None entries pass through) and returns the reduced list."""
-        local = self._local_ids() if (self._local_vars or self._local_layers) else frozenset()
-        return reduction.reduce_gradients(grads, variables, self.options, local)
+        return reduction.reduce_gradients(grads, variables, self.options, self._local_set())
+
+    def _local_set(self) -> set[int] | frozenset[int]:
+        return self._local_ids() if (self._local_vars or self._local_layers) else frozenset()
 
     # ------------------------------------------------------------------------------------- serialization
     def get_config(self):

@@ -130,11 +130,16 @@ class ReductionOptions:
 
 
 # ------------------------------------------------------------------------------------------------ grouping
-def _nbytes(var: Any) -> int:
+def numel(var: Any) -> int:
+    """How many elements a variable (or tensor) of a fully defined shape holds."""
     count = 1
     for dim in var.shape:
         count *= int(dim)
-    return count * tf.as_dtype(var.dtype).size
+    return count
+
+
+def _nbytes(var: Any) -> int:
+    return numel(var) * tf.as_dtype(var.dtype).size
 
 
 def gradient_buckets(dense: Sequence[int], variables: Sequence[Any], bucket_bytes: int) -> list[list[int]]:

@@ -36,17 +36,11 @@ from keras.optimizers import LossScaleOptimizer
 
 from hvdkeras import _collectives as C
 from hvdkeras import reduction
-from hvdkeras.reduction import ReductionOptions
+from hvdkeras.reduction import ReductionOptions, numel
 from hvdkeras.variables import var_id
 
 EVERY = -1  # the owner of a local variable (PartialDistributedOptimizer): every worker keeps its own
 
-
-def _numel(var: Any) -> int:
-    count = 1
-    for dim in var.shape:
-        count *= int(dim)
-    return count
 
 
 def partition(sizes: Sequence[int], buckets: Sequence[Sequence[int]], n: int) -> list[int]:
@@ -84,7 +78,7 @@ class Shard:
         variables = tuple(variables)
         shared = [i for i, v in enumerate(variables) if var_id(v) not in local]
         buckets = reduction.dense_groups(shared, variables, options)
-        owners = partition([_numel(v) for v in variables], buckets, size)
+        owners = partition([numel(v) for v in variables], buckets, size)
         idle = sorted(set(range(size)) - set(owners))
         if shared and idle:
             raise ValueError(
@@ -118,7 +112,7 @@ class Shard:
         counts = [0] * self.size
         for v, o in zip(self.variables, self.owners):
             if o != EVERY:
-                counts[o] += _numel(v)
+                counts[o] += numel(v)
         return counts
 
 
@@ -182,7 +176,7 @@ def balanced_groups(groups: Sequence[Sequence[int]], variables: Sequence[Any], s
             out.append(current)
             current = []
         current = current + list(group)
-        lengths = [sum(_numel(variables[i]) for i in owned) for owned in _by_owner(current, variables, shard)]
+        lengths = [sum(numel(variables[i]) for i in owned) for owned in _by_owner(current, variables, shard)]
         if shard.size * max(lengths) <= slack * sum(lengths):
             out.append(current)
             current = []
@@ -194,7 +188,7 @@ def balanced_groups(groups: Sequence[Sequence[int]], variables: Sequence[Any], s
 def _reduce_scatter_group(out: list, group: list[int], variables: Sequence[Any], shard: Shard,
                           options: ReductionOptions, name: str) -> list:
     per = _by_owner(group, variables, shard)
-    lengths = [sum(_numel(variables[i]) for i in owned) for owned in per]
+    lengths = [sum(numel(variables[i]) for i in owned) for owned in per]
     longest, total = max(lengths), sum(lengths)
     if shard.size * longest > 2 * total:
         # One variable dominates the group: padding every part to it would send more than an allreduce.
@@ -230,7 +224,7 @@ def _reduce_scatter_group(out: list, group: list[int], variables: Sequence[Any],
         out[i] = None
     offset = 0
     for i in per[shard.rank]:
-        n = _numel(variables[i])
+        n = numel(variables[i])
         part = tf.reshape(mine[offset:offset + n], variables[i].shape)
         out[i] = options.compression.decompress(part, ctxs[i])
         offset += n
@@ -253,7 +247,7 @@ def all_gather_variables(variables: Sequence[Any], shard: Shard, options: Reduct
         # Every worker sends the same number of elements, its part padded to the longest. With parts of
         # different lengths, Horovod 0.28.1 over Gloo returned one bucket's buffer for another's (measured: two
         # buckets in one step, one worker sending nothing to either and the other 64 and 32768 elements).
-        lengths = [sum(_numel(variables[i]) for i in owned) for owned in per]
+        lengths = [sum(numel(variables[i]) for i in owned) for owned in per]
         longest = max(lengths)
         flat = _flat([tf.convert_to_tensor(variables[i]) for i in per[shard.rank]]
                      + [tf.cast(a, dtype) for a in anchors], dtype)
@@ -266,12 +260,18 @@ def all_gather_variables(variables: Sequence[Any], shard: Shard, options: Reduct
         for r, owned in enumerate(per):
             offset = r * longest
             for i in owned:
-                n = _numel(variables[i])
+                n = numel(variables[i])
                 variables[i].assign(tf.reshape(full[offset:offset + n], variables[i].shape))
                 offset += n
 
 
 # -------------------------------------------------------------------------------------- cross-worker rules
+def slots(optimizer: Any) -> list:
+    """An optimizer's variables but those it holds once (iterations, learning rate, loss scale): its slots."""
+    once = {id(v) for layer in _layers(optimizer) for v in vars(layer).values() if isinstance(v, keras.Variable)}
+    return [v for v in optimizer.variables if id(v) not in once]
+
+
 def _layers(optimizer: Any) -> list:
     layers = [optimizer]
     while isinstance(layers[-1], LossScaleOptimizer):
@@ -490,7 +490,7 @@ def broadcast_state(optimizer: Any, layout: Sequence[Entry], shard: Shard, value
 
 def rebuilt(optimizer: Any, shard: Shard) -> Any:
     """A fresh optimizer of the same kind built on this worker's part under `shard` (its slots at their initial
-    values), with the cross-worker rules installed: for a new world size, before its state is set."""
+    values), before its state is set."""
     fresh = clone(optimizer)
     fresh.build(shard.owned())
     return fresh
@@ -505,7 +505,6 @@ def reshard(full: Any, shard: Shard) -> Any:
     where = {var_id(v): i for i, v in enumerate(shard.variables)}
     # `full` may list the variables in another order than the shard: re-index each slot by variable.
     entries = [e if e.variable is None else Entry(e.address, where[var_id(built_on[e.variable])]) for e in layout]
-    sharded = clone(full)
-    sharded.build(shard.owned())
+    sharded = rebuilt(full, shard)
     assign_state(sharded, entries, shard, values)
     return sharded

@@ -19,6 +19,7 @@ import hvdkeras as hvd  # noqa: E402
 import keras  # noqa: E402
 import tensorflow as tf  # noqa: E402
 from hvdkeras import _collectives as C  # noqa: E402
+from hvdkeras.sharding import slots  # noqa: E402
 
 hvd.init()
 RANK, SIZE = hvd.rank(), hvd.size()
@@ -118,14 +119,6 @@ def train(kind, shard, x, y, steps=None, model=None):
     finally:
         keras.mixed_precision.set_global_policy("float32")
     return model
-
-
-def slots(optimizer):
-    """An optimizer's variables but those it holds once (iterations, learning rate, loss scale)."""
-    from hvdkeras.sharding import _layers
-
-    once = {id(v) for layer in _layers(optimizer) for v in vars(layer).values() if isinstance(v, keras.Variable)}
-    return [v for v in optimizer.variables if id(v) not in once]
 
 
 def sums(values):
