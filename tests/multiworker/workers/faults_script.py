@@ -78,16 +78,36 @@ class KillJob(keras.callbacks.Callback):
 
 
 class KillDuringSave(keras.callbacks.Callback):
-    """On rank 0, arms a SIGKILL halfway through the second epoch's checkpoint save (timed on the first)."""
+    """On rank 0, SIGKILLs the process while the second epoch's checkpoint is being written.
+
+    A watcher kills as soon as the temporary file has bytes in it; should the write outrun the watcher,
+    the rename that would publish the file kills instead. Either way the kill lands inside the save,
+    whatever the machine's speed.
+    """
 
     def on_epoch_end(self, epoch, logs=None):
-        self.end = time.perf_counter()
-        if RANK == 0 and epoch == 1:
-            threading.Timer(self.save_seconds / 2, os.kill, (os.getpid(), signal.SIGKILL)).start()
+        if RANK != 0 or epoch != 1:
+            return
+        directory = args.out
+        publish = os.replace
 
-    def on_epoch_begin(self, epoch, logs=None):
-        if epoch == 1:
-            self.save_seconds = time.perf_counter() - self.end
+        def kill():
+            os.kill(os.getpid(), signal.SIGKILL)
+
+        def watch():
+            while True:
+                for name in os.listdir(directory):
+                    if name.startswith(".ckpt-02.") and os.path.getsize(os.path.join(directory, name)) > 0:
+                        kill()
+                time.sleep(0.001)
+
+        def replace(src, dst, *a, **kw):
+            if os.path.basename(str(dst)) == "ckpt-02.keras":
+                kill()
+            return publish(src, dst, *a, **kw)
+
+        os.replace = replace
+        threading.Thread(target=watch, daemon=True).start()
 
 
 callbacks = [Fault()]
