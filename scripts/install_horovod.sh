@@ -23,8 +23,8 @@ PY=${1:?usage: install_horovod.sh PYTHON}
 HVD_VERSION=0.28.1
 # Bumped whenever the patches below change, so neither an installed build nor a cached wheel made with
 # other patches is reused. The built package records it as horovod._hvdkeras_patches.
-PATCHES="no-xla-mpi-ops,gloo-process-set-iface"
-PATCH_TAG=p2
+PATCHES="no-xla-mpi-ops,gloo-process-set-iface,gloo-recv-before-send"
+PATCH_TAG=p3
 CACHE_DIR=${HVDKERAS_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/hvdkeras}
 
 die() { echo "install_horovod.sh: error: $*" >&2; exit 1; }
@@ -89,6 +89,9 @@ if [ -z "$wheel" ]; then
   [ -n "$iface_line" ] || die "expected 'device_attr.iface = gloo_iface_;' in InitializeForProcessSet"
   sed -i "${iface_line}s/device_attr\.iface = gloo_iface_;/gloo_iface_ = global_context.gloo_iface_;\n  device_attr.iface = gloo_iface_;/" "$gcc_src"
   grep -q 'gloo_iface_ = global_context.gloo_iface_;' "$gcc_src" || die "patching $gcc_src failed"
+  # Gloo's alltoallv and allgatherv post each send before its receive, so two workers take turns on the link
+  # instead of sending both ways at once (scripts/patch_gloo.py says why). Post the receives first.
+  "$PY" "$(dirname "$0")/patch_gloo.py" "$src/third_party/gloo/gloo" || die "patching Gloo failed (above)"
   printf '\n_hvdkeras_patches = "%s"\n' "$PATCHES" >> "$src/horovod/__init__.py"
   # Build requirements of Horovod's setup.py itself (no build isolation: it must see the installed TF).
   "$PY" -m pip install --quiet setuptools wheel packaging
