@@ -62,10 +62,10 @@ netbench: install lab
 batchbench: install
 	$(PY) benchmarks/batch_convention.py --out docs
 
-# Sharded optimizer state against unsharded, N = 1, 2, 4, and under a per-worker memory cgroup (needs root);
-# writes docs/sharding_benchmark.{json,png}.
-shardbench: install
-	$(PY) benchmarks/sharding_benchmark.py --out docs
+# Sharded optimizer state against unsharded, N = 1, 2, 4, under a per-worker memory cgroup, and on the two
+# test hosts at 200 Mbit/s (needs root); writes docs/sharding_benchmark.{json,png}.
+shardbench: install lab
+	$(PY) benchmarks/sharding_benchmark.py --out docs --hosts 200mbit
 
 # ruff, then the package's layers (the import-linter contracts in setup.cfg).
 lint: install

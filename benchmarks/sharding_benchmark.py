@@ -1,6 +1,7 @@
 """shard_optimizer_state=True against the unsharded DistributedOptimizer, side by side in one run, on this host.
 
-    python benchmarks/sharding_benchmark.py [--out docs] [--limit-gib 2.5]        (make shardbench)
+    python benchmarks/sharding_benchmark.py [--out docs] [--limit-gib 2.5] [--hosts 200mbit]
+                                                         (make shardbench: all three parts, hosts at 200 Mbit/s)
 
 1. An MLP of 8 x Dense(3584) (103M parameters) with Adam, at N = 1, 2 and 4 workers, each way: per worker, the
    bytes of optimizer state counted from its variables, its peak resident memory, and the median step time.
@@ -8,9 +9,10 @@
    held to --limit-gib by a memory cgroup (v1, needs root), each way.
 3. With --hosts RATE (needs root, ip and tc): the step time on the two test hosts (network namespaces joined
    by a veth pair shaped to RATE with tc tbf, as in benchmarks/network_benchmark.py), one worker on each, an
-   MLP of 8 x Dense(--hosts-width), each way, in one run.
+   MLP of 8 x Dense(--hosts-width), each way twice, interleaved.
 
-Writes OUT/sharding_benchmark.json and OUT/sharding_benchmark.png and prints the ratios.
+Writes OUT/sharding_benchmark.json and OUT/sharding_benchmark.png and prints the ratios. --only-hosts runs the
+third part alone and only prints it.
 """
 
 from __future__ import annotations
@@ -144,13 +146,13 @@ def on_hosts(rate: str, width: int, steps: int) -> dict:
     return result
 
 
-def plot(rows: list[dict], largest: dict, path: Path) -> None:
+def plot(rows: list[dict], largest: dict, hosts: dict | None, path: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 3, figsize=(13, 4))
+    fig, axes = plt.subplots(1, 4 if hosts else 3, figsize=(17 if hosts else 13, 4))
     for ax, key, scale, label in ((axes[0], "optimizer_state_bytes", 2**20, "optimizer state per worker (MiB)"),
                                   (axes[1], "steps_peak_rss_bytes", 2**30, "peak resident memory per worker\n"
                                                                            "during the steps (GiB)"),
@@ -162,6 +164,14 @@ def plot(rows: list[dict], largest: dict, path: Path) -> None:
         ax.set_xticks([i + 0.2 for i in range(3)], [f"N={r['workers']}" for r in rows if not r["sharded"]])
         ax.set_title(label, fontsize=10)
     axes[0].legend()
+    if hosts:
+        ax = axes[3]
+        for k, side in enumerate(("unsharded", "sharded")):
+            ax.bar([j + 0.4 * k for j in range(len(hosts[side]))], hosts[side], width=0.4, label=side)
+        ax.set_xticks([j + 0.2 for j in range(len(hosts["sharded"]))],
+                      [f"run {j + 1}" for j in range(len(hosts["sharded"]))])
+        ax.set_title(f"step time (s), 2 hosts at {hosts['rate']}, N=2\n"
+                     f"MLP 8 x Dense({hosts['width']}): sharded {hosts['ratio']:.2f}x", fontsize=10)
     ratio = largest["ratio"]
     fig.suptitle(f"Adam, MLP 8 x Dense(3584), 103M parameters; largest model under {largest['limit_gib']} GiB per "
                  f"worker at N=2: {ratio:.2f}x the parameters sharded", fontsize=10)
@@ -178,15 +188,11 @@ def main() -> None:
     parser.add_argument("--hosts-width", type=int, default=768)
     parser.add_argument("--only-hosts", action="store_true", help="only the two test hosts' part")
     args = parser.parse_args()
+    if args.only_hosts and not args.hosts:
+        parser.error("--only-hosts needs --hosts RATE. Received: --hosts not given")
     if args.only_hosts:
-        if not args.hosts:
-            parser.error("--only-hosts needs --hosts RATE. Received: --hosts not given")
         hosts = on_hosts(args.hosts, args.hosts_width, args.steps)
         print(f"hosts at {args.hosts}: sharded / unsharded step time {hosts['ratio']:.3f}")
-        out = Path(args.out)
-        out.mkdir(parents=True, exist_ok=True)
-        hosts["date"] = datetime.date.today().isoformat()
-        (out / "sharding_hosts.json").write_text(json.dumps(hosts, indent=1))
         return
     if os.geteuid() != 0 or not CGROUP_ROOT.is_dir():
         raise SystemExit("the largest-model part needs root and the v1 memory cgroup at /sys/fs/cgroup/memory")
@@ -196,6 +202,7 @@ def main() -> None:
     for shard in (False, True):
         largest["sharded" if shard else "unsharded"] = largest_model(args.limit_gib, shard)
     largest["ratio"] = largest["sharded"]["params"] / max(largest["unsharded"]["params"], 1)
+    hosts = on_hosts(args.hosts, args.hosts_width, args.steps) if args.hosts else None
     by = {(r["workers"], r["sharded"]): r for r in rows}
     ratios = {f"N={n}": {
         "optimizer_state": by[(n, True)]["optimizer_state_bytes"] / by[(n, False)]["optimizer_state_bytes"],
@@ -207,13 +214,15 @@ def main() -> None:
               f"(steps {r['steps_peak_rss']:.3f}), step time {r['step_time']:.3f}")
     print(f"largest model under {args.limit_gib} GiB per worker at N=2: unsharded {largest['unsharded']['params']:,}"
           f" parameters, sharded {largest['sharded']['params']:,}: {largest['ratio']:.2f}x")
+    if hosts:
+        print(f"hosts at {args.hosts}: sharded / unsharded step time {hosts['ratio']:.3f}")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     report = {"date": datetime.date.today().isoformat(), "host": f"{os.cpu_count()} cores",
               "seconds": round(time.time() - started), "model": f"MLP {LAYERS} x Dense(3584), Adam",
-              "rows": rows, "ratios": ratios, "largest_model": largest}
+              "rows": rows, "ratios": ratios, "largest_model": largest, "hosts": hosts}
     (out / "sharding_benchmark.json").write_text(json.dumps(report, indent=1))
-    plot(rows, largest, out / "sharding_benchmark.png")
+    plot(rows, largest, hosts, out / "sharding_benchmark.png")
 
 
 if __name__ == "__main__":
