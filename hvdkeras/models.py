@@ -1,4 +1,4 @@
-"""What hvdkeras needs to know about a Keras model: the optimizers it holds, and turning its XLA off."""
+"""What hvdkeras needs to know about a Keras model: the optimizers it holds, and readying it for XLA."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ from typing import Any
 
 import keras
 
+from hvdkeras import xla
 from hvdkeras.optimizer import DistributedOptimizer
 
 log = logging.getLogger("hvdkeras")
@@ -40,19 +41,25 @@ def consolidate_optimizer_state(model: Any) -> None:
 _xla_warned = False
 
 
-def ensure_not_jit_compiled(model: Any) -> bool:
-    """Turns XLA off for a model with a distributed optimizer; Horovod's ops cannot be XLA-compiled.
+def prepare_xla(model: Any, keep: bool = True) -> str:
+    """Readies a model with a distributed optimizer for XLA, before its train function is made (callbacks do
+    it in `set_model`, the wrap in `compile`). Horovod's collectives cannot be compiled by XLA.
 
-    Call before the model's train function is made (callbacks do it in `set_model`). Warns once.
+    With `keep` and a model that trains with Keras's own train step, XLA stays on for the forward and
+    backward pass, and the gradients are reduced outside (hvdkeras.xla). Otherwise XLA is turned off for
+    the model, with a warning (once) that says why.
 
     Returns:
-        True when XLA was turned off.
+        "kept", "off" (turned off here), or "" (no distributed optimizer, or XLA was not on).
     """
     global _xla_warned
     if not any(isinstance(o, DistributedOptimizer) for o in held_optimizers(model).values()):
-        return False
+        return ""
     if not getattr(model, "jit_compile", False):
-        return False
+        return ""
+    if keep and xla.keep_xla(model):
+        return "kept"
+    why = xla.why_not(model) if keep else "--xla off (HVDKERAS_XLA=off) asks for it"
     model.jit_compile = False
     for attr in ("train_function", "test_function", "predict_function"):
         if getattr(model, attr, None) is not None:
@@ -60,8 +67,8 @@ def ensure_not_jit_compiled(model: Any) -> bool:
     if not _xla_warned:
         _xla_warned = True
         log.warning(
-            "hvdkeras: XLA (jit_compile) turned off for model %r: Horovod's collectives cannot be "
-            "compiled by XLA. Compile with jit_compile=False to silence this warning.",
-            getattr(model, "name", model),
+            "hvdkeras: XLA (jit_compile) turned off for model %r: Horovod's collectives cannot be compiled by "
+            "XLA, and %s. Compile with jit_compile=False to silence this warning.",
+            getattr(model, "name", model), why,
         )
-    return True
+    return "off"

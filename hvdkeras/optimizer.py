@@ -410,8 +410,9 @@ class DistributedOptimizer(keras.optimizers.Optimizer, metaclass=_Factory):
             raise RuntimeError(
                 "Horovod's collectives cannot be compiled by XLA, and this optimizer is being traced inside "
                 "an XLA-compiled function. Pass an hvdkeras callback (BroadcastGlobalVariablesCallback, "
-                "MetricAverageCallback, ...) to fit, which turns XLA off for the model with a warning, or "
-                "compile the model with jit_compile=False, or keep DistributedOptimizer.apply outside "
+                "MetricAverageCallback, ...) to fit, which keeps XLA for the forward and backward pass only "
+                "(or turns it off, with a warning, for a model with its own train_step), or compile the model "
+                "with jit_compile=False, or keep DistributedOptimizer.apply outside "
                 "tf.function(jit_compile=True)."
             )
         if self.backward_passes_per_step == 1:

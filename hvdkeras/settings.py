@@ -59,6 +59,10 @@ class Settings:
     shard_optimizer_state: bool = _setting(
         False, "bool", "shard the optimizer's state across the workers (ZeRO: each worker keeps the optimizer's "
         "slots for its own share of the variables; docs/sharding.md)", flag=True)
+    xla: str = _setting(
+        "keep", "choice", "keep: a model compiled with XLA (jit_compile) keeps it for its forward and backward "
+        "pass, and its gradients are reduced outside (docs/gpu.md); off: XLA is turned off for the train step",
+        flag=True, choices=("keep", "off"))
     no_shard: bool = _setting(
         False, "bool", "do not shard fit/evaluate data (for scripts that shard themselves)", flag=True)
     report_dir: str | None = _setting(

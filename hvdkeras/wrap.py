@@ -2,7 +2,8 @@
 
 `install(options)` changes `keras.Model` (on the classes that define the methods) for this process only:
 - `compile`: the optimizer (instance, string or config dict) is scaled by the lr rule and wrapped in a
-  DistributedOptimizer (inside a LossScaleOptimizer's place under mixed_float16); XLA is turned off.
+  DistributedOptimizer (inside a LossScaleOptimizer's place under mixed_float16); XLA is kept for the forward
+  and backward pass only, or turned off for a model with its own train step (models.prepare_xla).
   `compile_from_config` (what `load_model` calls) compiles the same way without scaling the saved rate.
 - `fit` / `evaluate`: datasets, arrays, dicts of arrays, PyDatasets, `validation_split` and
   `validation_data` are sharded with equal steps; the optimizers a model holds besides `model.optimizer`
@@ -34,7 +35,7 @@ from hvdkeras import callbacks as hvd_callbacks
 from hvdkeras import data, keras_output, patches, rank_zero, saving, settings, strategy, sync_batch_norm
 from hvdkeras.compression import Compression
 from hvdkeras.learning_rate import as_float, scale_factor, scale_learning_rate
-from hvdkeras.models import consolidate_optimizer_state, held_optimizers
+from hvdkeras.models import consolidate_optimizer_state, held_optimizers, prepare_xla
 from hvdkeras.optimizer import DistributedOptimizer, unwrap
 
 log = logging.getLogger("hvdkeras")
@@ -148,11 +149,10 @@ def _compile(original, model, optimizer="rmsprop", *args, **kwargs):
         # A model being loaded keeps the learning rate it was saved with, as hvdkeras.load_model does.
         optimizer, model._hvdkeras_warmup_lr = _distributed(model, optimizer, scale=not _state["loading"],
                                                             loss_scale=kwargs.get("auto_scale_loss", True))
-    if kwargs.get("jit_compile", "auto") not in (False, None) and optimizer is not None:
-        if kwargs.get("jit_compile") is True:
-            _warn_once("xla", "jit_compile turned off: Horovod's collectives cannot be compiled by XLA")
-        kwargs["jit_compile"] = False
-    return original(model, optimizer, *args, **kwargs)
+    result = original(model, optimizer, *args, **kwargs)
+    if optimizer is not None:
+        prepare_xla(model, keep=_opts().xla == "keep")
+    return result
 
 
 def _distributed(model, optimizer, scale: bool = True, loss_scale: bool = True):

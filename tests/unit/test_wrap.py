@@ -41,7 +41,7 @@ def test_compile_wraps_and_scales(per_worker, monkeypatch, optimizer, fake_seam)
     m.compile(optimizer=optimizer, loss="mse", jit_compile=True)
     assert isinstance(m.optimizer, DistributedOptimizer)
     assert float(m.optimizer.learning_rate) == pytest.approx(0.004)
-    assert m.jit_compile is False
+    assert m.jit_compile is True  # kept for the forward and backward pass (tests/unit/test_xla.py)
 
 
 def test_compile_under_mixed_precision_puts_loss_scaling_inside(installed):

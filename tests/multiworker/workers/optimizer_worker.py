@@ -10,6 +10,7 @@ import numpy as np
 from common import count_collectives, max_abs_diff, max_rel_diff, seed_everything, weights_digest, write_result
 
 import hvdkeras as hvd  # noqa: E402
+from hvdkeras import xla  # noqa: E402
 import keras  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
@@ -165,36 +166,67 @@ for sad in (False, True):
     model, w, _ = distributed("sgd", xe, ye, model_fn=embedding_model, sparse_as_dense=sad)
     result[f"sparse_as_dense_{sad}_max_abs_diff"] = max_abs_diff(w, ref_e)
 
-# XLA: jit_compile=True and "auto" must not crash (the callbacks turn XLA off, warning once).
-for jit in (True, "auto"):
+# XLA kept for the forward and backward pass (jit_compile=True): N workers equal one process running Keras's
+# own compiled step on the global batches. "auto" is Keras's choice (off on a machine without a GPU).
+def compiled_reference(kind, x, y, per_worker=B):
     model = dense_model()
-    model.compile(optimizer=hvd.DistributedOptimizer(make_opt("sgd")), loss="mse", jit_compile=jit)
+    model.compile(optimizer=make_opt(kind), loss="mse", jit_compile=True)
+    model.fit(x, y, batch_size=per_worker * SIZE, shuffle=False, epochs=1, verbose=0)
+    return [v.numpy() for v in model.trainable_variables]
+
+
+def compiled_distributed(kind, label=None, **dist_kwargs):
+    model = dense_model()
+    model.compile(optimizer=hvd.DistributedOptimizer(make_opt(kind), **dist_kwargs), loss="mse", jit_compile=True)
     rows = shard_rows(len(x), B)
+    before = reduction_count()
     model.fit(x[rows], y[rows], batch_size=B, shuffle=False, epochs=1, verbose=0,
               callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0)])
-    result[f"xla_{jit}_jit_after"] = bool(model.jit_compile)
-    result[f"xla_{jit}_max_abs_diff"] = max_abs_diff([v.numpy() for v in model.trainable_variables],
-                                                    reference("sgd", x, y))
+    label = label or kind
+    result[f"xla_{label}_kept"] = bool(model.jit_compile) and xla.is_split(model)
+    result[f"xla_{label}_calls_per_step"] = (reduction_count() - before) / (len(rows) // B)
+    result[f"xla_{label}_digest"] = weights_digest(model.variables + model.optimizer.variables)
+    return model, [v.numpy() for v in model.trainable_variables]
 
-# Mixed precision: rank 1's loss overflows on the 3rd step; every rank must skip that step together.
-keras.mixed_precision.set_global_policy("mixed_float16")
-try:
-    model = dense_model()
-    opt = hvd.DistributedOptimizer(keras.optimizers.SGD(0.05))
-    model.compile(optimizer=opt, loss="mse")
-    rows = shard_rows(len(x), B)
-    xs = x[rows].copy()
-    if RANK == SIZE - 1:
-        xs[2 * B:3 * B] *= 1e6  # float16 activations overflow -> non-finite gradients on this rank only
-    model.fit(xs, y[rows], batch_size=B, shuffle=False, epochs=1, verbose=0,
-              callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0)])
-    result["mp_is_loss_scale"] = isinstance(model.optimizer, keras.optimizers.LossScaleOptimizer)
-    result["mp_is_distributed"] = isinstance(model.optimizer, hvd.DistributedOptimizer)
-    result["mp_scale"] = float(model.optimizer.dynamic_scale.numpy())
-    result["mp_iterations"] = int(model.optimizer.iterations.numpy())
-    result["mp_digest"] = weights_digest(model.trainable_variables)
-    result["mp_finite"] = bool(all(np.isfinite(v.numpy()).all() for v in model.trainable_variables))
-finally:
-    keras.mixed_precision.set_global_policy("float32")
+
+for kind in ("sgd", "adam", "adamw"):
+    model, w = compiled_distributed(kind)
+    result[f"xla_{kind}_max_abs_diff"] = max_abs_diff(w, compiled_reference(kind, x, y))
+    result[f"xla_{kind}_traced"] = xla.compiled_function(model).experimental_get_tracing_count()
+model, w = compiled_distributed("sgd", "bpps2", backward_passes_per_step=2, average_aggregated_gradients=True)
+result["xla_bpps2_max_abs_diff"] = max_abs_diff(w, compiled_reference("sgd", x, y, per_worker=2 * B))
+result["xla_bpps2_iterations"] = int(model.optimizer.iterations.numpy())
+model = dense_model()
+model.compile(optimizer=hvd.DistributedOptimizer(make_opt("sgd")), loss="mse", jit_compile="auto")
+rows = shard_rows(len(x), B)
+model.fit(x[rows], y[rows], batch_size=B, shuffle=False, epochs=1, verbose=0,
+          callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0)])
+result["xla_auto_jit_after"] = bool(model.jit_compile)
+result["xla_auto_max_abs_diff"] = max_abs_diff([v.numpy() for v in model.trainable_variables],
+                                               reference("sgd", x, y))
+
+# Mixed precision: rank 1's loss overflows on the 3rd step; every rank must skip that step together. Also with
+# XLA kept, where the loss is scaled inside the compiled function and the finiteness check runs outside it.
+for prefix, jit in (("mp", False), ("xla_mp", True)):
+    keras.mixed_precision.set_global_policy("mixed_float16")
+    try:
+        model = dense_model()
+        opt = hvd.DistributedOptimizer(keras.optimizers.SGD(0.05))
+        model.compile(optimizer=opt, loss="mse", jit_compile=jit)
+        rows = shard_rows(len(x), B)
+        xs = x[rows].copy()
+        if RANK == SIZE - 1:
+            xs[2 * B:3 * B] *= 1e6  # float16 activations overflow -> non-finite gradients on this rank only
+        model.fit(xs, y[rows], batch_size=B, shuffle=False, epochs=1, verbose=0,
+                  callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0)])
+        result[f"{prefix}_kept"] = bool(model.jit_compile) and xla.is_split(model)
+        result[f"{prefix}_is_loss_scale"] = isinstance(model.optimizer, keras.optimizers.LossScaleOptimizer)
+        result[f"{prefix}_is_distributed"] = isinstance(model.optimizer, hvd.DistributedOptimizer)
+        result[f"{prefix}_scale"] = float(model.optimizer.dynamic_scale.numpy())
+        result[f"{prefix}_iterations"] = int(model.optimizer.iterations.numpy())
+        result[f"{prefix}_digest"] = weights_digest(model.trainable_variables)
+        result[f"{prefix}_finite"] = bool(all(np.isfinite(v.numpy()).all() for v in model.trainable_variables))
+    finally:
+        keras.mixed_precision.set_global_policy("float32")
 
 write_result(RANK, result)
