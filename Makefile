@@ -15,7 +15,7 @@ STAMP := $(VENV)/.hvdkeras-installed
 PYTEST_ARGS ?=
 NETBENCH_ARGS ?=
 
-.PHONY: install lab test test-fast demo bench netbench batchbench shardbench lint clean
+.PHONY: install lab test test-fast demo bench netbench batchbench shardbench xlabench lint clean
 
 install: $(STAMP)
 
@@ -66,6 +66,11 @@ batchbench: install
 # test hosts at 200 Mbit/s (needs root); writes docs/sharding_benchmark.{json,png}.
 shardbench: install lab
 	$(PY) benchmarks/sharding_benchmark.py --out docs --hosts 200mbit
+
+# XLA kept for the forward and backward pass against XLA off: an MLP, a convnet and a small transformer, one
+# process, two workers here and on the two test hosts (needs root); writes docs/xla_benchmark.{json,png}.
+xlabench: install lab
+	$(PY) benchmarks/xla_benchmark.py --out docs
 
 # ruff, then the package's layers (the import-linter contracts in setup.cfg).
 lint: install
