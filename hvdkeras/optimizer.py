@@ -219,6 +219,11 @@ class DistributedOptimizer(keras.optimizers.Optimizer, metaclass=_Factory):
         self._layout = None  # the unsharded optimizer's variable order, found when first saved or loaded
         self._gathered = None  # the full state gathered by consolidate_state, until the next save
         self._loaded = None  # the full state rank 0 alone loaded, until share_loaded_state
+        # Set by hvdkeras.xla for a model that keeps XLA: the inner optimizer's update, after the reduction, is
+        # compiled with XLA as Keras's own compiled step compiles it (unsharded only: a sharded update holds
+        # collectives, the all-reduced norm or finiteness check).
+        self.xla_update = False
+        self._compiled_updates: dict = {}
 
     # ----------------------------------------------------------------- state held by the inner optimizer
     learning_rate = _inner("learning_rate")
@@ -447,7 +452,7 @@ class DistributedOptimizer(keras.optimizers.Optimizer, metaclass=_Factory):
 
     def _reduce_and_apply(self, grads, trainable_variables):
         if self._shard is None or self._shard.size == 1:  # one worker owns everything: nothing to scatter
-            self.inner_optimizer.apply(self.reduce_gradients(grads, trainable_variables), trainable_variables)
+            self._update(self.reduce_gradients(grads, trainable_variables), trainable_variables)
             return
         reduced, unused = sharding.reduce_scatter_gradients(grads, trainable_variables, self._shard, self.options,
                                                             self._local_set())
@@ -466,6 +471,20 @@ class DistributedOptimizer(keras.optimizers.Optimizer, metaclass=_Factory):
         received = [g.values if isinstance(g, tf.IndexedSlices) else g for g, _ in owned if g is not None]
         sharding.all_gather_variables([v for g, v in zip(grads, trainable_variables) if g is not None],
                                       self._shard, self.options, after=unused + received[:1])
+
+    def _update(self, grads: list, variables: list) -> None:
+        """The inner optimizer's update of the reduced gradients: compiled with XLA when `xla_update` is on
+        (one compiled function per list of variables, which it holds; the gradients are its arguments)."""
+        if not self.xla_update or self._shard is not None:
+            self.inner_optimizer.apply(grads, variables)
+            return
+        key = tuple(id(v) for v in variables)
+        compiled = self._compiled_updates.get(key)
+        if compiled is None:
+            inner = self.inner_optimizer
+            compiled = tf.function(lambda g: inner.apply(g, variables), jit_compile=True, reduce_retracing=True)
+            self._compiled_updates[key] = compiled
+        compiled(list(grads))
 
     def reduce_gradients(self, grads: Any, variables: Any) -> list:
         """All-reduces a list of gradients (None entries pass through) and returns the reduced list."""

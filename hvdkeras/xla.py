@@ -6,7 +6,9 @@ For a model whose train step is Keras's own, hvdkeras splits it:
 
 1. a function compiled with XLA runs Keras's train step up to the update: the forward pass, the loss, its
    tracker, the metrics and the gradients; it returns the logs and the gradients;
-2. outside it, in the same traced step, the DistributedOptimizer reduces the gradients and applies them.
+2. outside it, in the same traced step, the DistributedOptimizer reduces the gradients; the inner optimizer's
+   update is then compiled with XLA again, in a function of its own (not with a sharded state, whose update
+   holds collectives).
 
 The update is the optimizer's own either way, so the result is the synchronous optimizer's: the forward and
 backward pass compute what Keras's compiled step computes, and the metrics see the same predictions (Keras
@@ -72,6 +74,8 @@ def _make_train_function(model: Any, force: bool = False) -> Any:
     """Keras's make_train_function, with XLA around the forward and backward pass only."""
     if model.train_function is not None and not force:
         return model.train_function
+    if hasattr(model.optimizer, "xla_update"):  # a DistributedOptimizer: its update, after the reduction, compiled
+        model.optimizer.xla_update = bool(model.jit_compile)
     if not model.jit_compile:
         return TensorFlowTrainer.make_train_function(model, force)
     compiled = tf.function(types.MethodType(_forward_backward, model), jit_compile=True, reduce_retracing=True)

@@ -6,7 +6,7 @@ import pytest
 SCENARIOS = ("sharding",)  # run in the one scenarios launch (conftest.py)
 
 KINDS = ["sgd", "adam", "adamw", "rmsprop", "adafactor", "clipnorm", "global_clipnorm", "ema", "schedule", "bpps2",
-         "mixed_float16"]
+         "mixed_float16", "xla"]
 
 
 def both(job, key):
@@ -31,6 +31,8 @@ def test_sharded_equals_unsharded_after_20_steps(job, kind):
     assert max(diffs) <= 1e-6
     assert max(both(job, f"{kind}_state_max_abs_diff")) <= 1e-6
     assert both(job, f"{kind}_iterations") == [[20, 20], [20, 20]]
+    # jit_compile=True: both kept XLA for the forward and backward pass (the unsharded update compiled too).
+    assert both(job, f"{kind}_xla_kept") == [[kind == "xla"] * 2] * 2
 
 
 @pytest.mark.parametrize("kind", KINDS)

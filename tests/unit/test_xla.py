@@ -53,6 +53,8 @@ def test_kept_xla_trains_as_keras_compiled_step_does(hvd, kind):
     assert model.jit_compile is True and xla.is_split(model)
     compiled = xla.compiled_function(model)
     assert compiled.experimental_get_tracing_count() >= 1  # the forward and backward pass ran compiled
+    # The inner optimizer's update, after the reduction, compiled too: one function for the one variable list.
+    assert model.optimizer.xla_update is True and len(model.optimizer._compiled_updates) == 1
     if kind == "bpps2":
         # Two local batches per update: four updates over the 8 batches, as in Horovod.
         assert int(model.optimizer.iterations.numpy()) == 8
@@ -134,6 +136,7 @@ def test_a_split_model_made_uncompiled_later_trains_uncompiled(hvd):
     x, y = data()
     model.fit(x, y, batch_size=16, epochs=1, verbose=0)
     assert xla.compiled_function(model) is None
+    assert model.optimizer.xla_update is False and not model.optimizer._compiled_updates
 
 
 @pytest.mark.parametrize("mode, kept", [("keep", True), ("off", False)])

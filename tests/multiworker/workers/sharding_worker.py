@@ -16,6 +16,7 @@ import numpy as np
 from common import max_abs_diff, out_dir, seed_everything, weights_digest, write_result
 
 import hvdkeras as hvd  # noqa: E402
+from hvdkeras import xla  # noqa: E402
 import keras  # noqa: E402
 import tensorflow as tf  # noqa: E402
 from hvdkeras import _collectives as C  # noqa: E402
@@ -101,6 +102,7 @@ KINDS = {
     "schedule": lambda: keras.optimizers.Adam(schedule()),
     "bpps2": lambda: keras.optimizers.SGD(0.05, momentum=0.9),
     "mixed_float16": lambda: keras.optimizers.Adam(0.01),
+    "xla": lambda: keras.optimizers.Adam(0.01),  # jit_compile=True: XLA kept for the forward and backward pass
 }
 
 
@@ -112,7 +114,7 @@ def train(kind, shard, x, y, steps=None, model=None):
         if model is None:
             model = model_fn()
             opt = hvd.DistributedOptimizer(KINDS[kind](), shard_optimizer_state=shard, **extra)
-            model.compile(optimizer=opt, loss="mse")
+            model.compile(optimizer=opt, loss="mse", jit_compile=kind == "xla")
         n = len(x) if steps is None else steps * B
         model.fit(x[:n], y[:n], batch_size=B, shuffle=False, epochs=1, verbose=0,
                   callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0)])
@@ -137,6 +139,7 @@ for kind in KINDS:
     weights = [v.numpy() for v in sharded.trainable_variables]
     result[f"{kind}_max_abs_diff"] = max_abs_diff(weights, [v.numpy() for v in plain.trainable_variables])
     result[f"{kind}_digest"] = weights_digest(weights)
+    result[f"{kind}_xla_kept"] = [xla.is_split(m) and bool(m.jit_compile) for m in (plain, sharded)]
     opt = sharded.optimizer
     result[f"{kind}_slot_elements"] = elements(opt.shard_variables())
     result[f"{kind}_plain_slot_elements"] = elements(slots(plain.optimizer.inner_optimizer))
