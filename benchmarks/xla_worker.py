@@ -23,6 +23,7 @@ tf.config.threading.set_intra_op_parallelism_threads(1)
 tf.config.threading.set_inter_op_parallelism_threads(1)
 
 import keras  # noqa: E402
+from net_worker import conv_model  # noqa: E402
 
 import hvdkeras as hvd  # noqa: E402
 from hvdkeras import xla  # noqa: E402
@@ -37,14 +38,9 @@ def mlp():
 
 
 def conv():
-    """8 conv layers (3x3, 32 -> 160 channels) and a classifier on 16x16x3 (0.76M parameters)."""
-    layers = [keras.Input((16, 16, 3))]
-    for i, channels in enumerate((32, 64, 64, 128, 128, 128, 128, 160)):
-        layers.append(keras.layers.Conv2D(channels, 3, padding="same", activation="relu"))
-        if i in (1, 3, 5):
-            layers.append(keras.layers.MaxPooling2D())
-    layers += [keras.layers.GlobalAveragePooling2D(), keras.layers.Dense(CLASSES)]
-    return keras.Sequential(layers), (16, 16, 3), "float32", 32
+    """net_worker.py's convnet: 8 conv layers (3x3, 32 -> 160 channels) and a classifier on 16x16x3 (0.76M
+    parameters)."""
+    return conv_model(keras), (16, 16, 3), "float32", 32
 
 
 def transformer():
