@@ -77,6 +77,7 @@ def _make_train_function(model: Any, force: bool = False) -> Any:
     if hasattr(model.optimizer, "xla_update"):  # a DistributedOptimizer: its update, after the reduction, compiled
         model.optimizer.xla_update = bool(model.jit_compile)
     if not model.jit_compile:
+        model._hvdkeras_xla_function = None
         return TensorFlowTrainer.make_train_function(model, force)
     compiled = tf.function(types.MethodType(_forward_backward, model), jit_compile=True, reduce_retracing=True)
     model._hvdkeras_xla_function = compiled  # what `compiled_function` returns
