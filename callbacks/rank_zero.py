@@ -186,7 +186,7 @@ class BackupAndRestore(keras.callbacks.BackupAndRestore):
             epoch = C.broadcast_object(getattr(self.model, "_initial_epoch", None), root_rank=0)
             self.model._initial_epoch = epoch
             broadcast_model(self.model, 0)
-            for optimizer in sharded_optimizers(self.model):  # each worker's part of the restored state
+            for optimizer in sharded_optimizers(self.model).values():  # each worker's part of the restored state
                 optimizer.share_loaded_state(0)
 
     def on_epoch_end(self, epoch, logs=None):

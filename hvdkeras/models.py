@@ -26,15 +26,16 @@ def held_optimizers(model: Any) -> dict[str, Any]:
     return found
 
 
-def sharded_optimizers(model: Any) -> list:
-    """The model's optimizers whose state is sharded across the workers (shard_optimizer_state=True, built)."""
-    return [o for o in held_optimizers(model).values() if isinstance(o, DistributedOptimizer) and o.sharded]
+def sharded_optimizers(model: Any) -> dict[str, Any]:
+    """The model's optimizers whose state is sharded across the workers (shard_optimizer_state=True, built), by
+    the attribute that holds each (as `held_optimizers`)."""
+    return {name: o for name, o in held_optimizers(model).items() if isinstance(o, DistributedOptimizer) and o.sharded}
 
 
 def consolidate_optimizer_state(model: Any) -> None:
     """Gathers each sharded optimizer's full state on every worker, so that rank 0 alone can save the model
     next. Collective: every worker calls it (a no-op for a model without a sharded optimizer)."""
-    for optimizer in sharded_optimizers(model):
+    for optimizer in sharded_optimizers(model).values():
         optimizer.consolidate_state()
 
 

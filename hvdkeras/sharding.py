@@ -151,11 +151,12 @@ def reduce_scatter_gradients(grads: Sequence[Any], variables: Sequence[Any], sha
     return out, unused
 
 
-def _by_owner(group: Sequence[int], variables: Sequence[Any], shard: Shard) -> list[list[int]]:
+def _parts(group: Sequence[int], variables: Sequence[Any], shard: Shard) -> tuple[list[list[int]], list[int]]:
+    """The group's indices by owner, and how many elements each owner's part holds."""
     per: list[list[int]] = [[] for _ in range(shard.size)]
     for i in group:
         per[shard.owner(variables[i])].append(i)
-    return per
+    return per, [sum(numel(variables[i]) for i in owned) for owned in per]
 
 
 def _flat(tensors: Sequence[Any], dtype: Any) -> tf.Tensor:
@@ -176,7 +177,7 @@ def balanced_groups(groups: Sequence[Sequence[int]], variables: Sequence[Any], s
             out.append(current)
             current = []
         current = current + list(group)
-        lengths = [sum(numel(variables[i]) for i in owned) for owned in _by_owner(current, variables, shard)]
+        _, lengths = _parts(current, variables, shard)
         if shard.size * max(lengths) <= slack * sum(lengths):
             out.append(current)
             current = []
@@ -187,8 +188,7 @@ def balanced_groups(groups: Sequence[Sequence[int]], variables: Sequence[Any], s
 
 def _reduce_scatter_group(out: list, group: list[int], variables: Sequence[Any], shard: Shard,
                           options: ReductionOptions, name: str) -> list:
-    per = _by_owner(group, variables, shard)
-    lengths = [sum(numel(variables[i]) for i in owned) for owned in per]
+    per, lengths = _parts(group, variables, shard)
     longest, total = max(lengths), sum(lengths)
     if shard.size * longest > 2 * total:
         # One variable dominates the group: padding every part to it would send more than an allreduce.
@@ -207,7 +207,7 @@ def _reduce_scatter_group(out: list, group: list[int], variables: Sequence[Any],
         segments.append(tf.pad(flat, [[0, longest - length]]) if length < longest else flat)
     # A reduce-scatter as an alltoall (each worker receives every worker's copy of its own part) and a sum
     # here, in rank order: Horovod's Gloo reduce-scatter took twice an allreduce of the same buffer, the
-    # alltoall and the sum about half of one (benchmarks/sharding_benchmark.py). Average and the predivide
+    # alltoall and the sum about half of one (docs/sharding.md). Average and the predivide
     # factor scale as Horovod's allreduce does: before the sum, then after it.
     pre, post = 1.0, 1.0
     if options.op == C.Average:
@@ -242,12 +242,11 @@ def all_gather_variables(variables: Sequence[Any], shard: Shard, options: Reduct
     shared = [i for i, v in enumerate(variables) if shard.owner(v) != EVERY]
     anchors = [tf.reshape(t, [-1])[:0] for t in after]
     for k, group in enumerate(balanced_groups(reduction.dense_groups(shared, variables, options), variables, shard)):
-        per = _by_owner(group, variables, shard)
+        per, lengths = _parts(group, variables, shard)
         dtype = variables[group[0]].dtype
         # Every worker sends the same number of elements, its part padded to the longest. With parts of
         # different lengths, Horovod 0.28.1 over Gloo returned one bucket's buffer for another's (measured: two
         # buckets in one step, one worker sending nothing to either and the other 64 and 32768 elements).
-        lengths = [sum(numel(variables[i]) for i in owned) for owned in per]
         longest = max(lengths)
         flat = _flat([tf.convert_to_tensor(variables[i]) for i in per[shard.rank]]
                      + [tf.cast(a, dtype) for a in anchors], dtype)

@@ -35,7 +35,7 @@ from hvdkeras import callbacks as hvd_callbacks
 from hvdkeras import data, keras_output, patches, rank_zero, saving, settings, strategy, sync_batch_norm
 from hvdkeras.compression import Compression
 from hvdkeras.learning_rate import as_float, scale_factor, scale_learning_rate
-from hvdkeras.models import consolidate_optimizer_state, held_optimizers, prepare_xla
+from hvdkeras.models import consolidate_optimizer_state, held_optimizers, prepare_xla, sharded_optimizers
 from hvdkeras.optimizer import DistributedOptimizer, unwrap
 
 log = logging.getLogger("hvdkeras")
@@ -540,7 +540,7 @@ def _report(model) -> None:
     """--report-dir: each worker writes rankN.json with its steps per fit, the digest of its final weights and
     which of the model's optimizers shard their state, so a job's own CI can check that the workers stayed one
     job without changing the script."""
-    sharded = [name for name, o in held_optimizers(model).items() if isinstance(o, DistributedOptimizer) and o.sharded]
+    sharded = list(sharded_optimizers(model))
     saving.write_json_atomically(os.path.join(_opts().report_dir, f"rank{C.rank()}.json"),
                                  {"rank": C.rank(), "size": C.size(), "fit_steps": list(_state["fits"]),
                                   "weights_sha256": weights_digest(model.get_weights()),

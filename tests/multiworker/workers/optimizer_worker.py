@@ -55,17 +55,18 @@ def make_opt(kind, lr_scale=1.0):
     raise ValueError(kind)
 
 
-def reference(kind, x, y, per_worker=B, lr_scale=1.0, model_fn=dense_model, loss="mse"):
+def reference(kind, x, y, per_worker=B, lr_scale=1.0, model_fn=dense_model, loss="mse", jit_compile="auto"):
     model = model_fn()
-    model.compile(optimizer=make_opt(kind, lr_scale), loss=loss)
+    model.compile(optimizer=make_opt(kind, lr_scale), loss=loss, jit_compile=jit_compile)
     model.fit(x, y, batch_size=per_worker * SIZE, shuffle=False, epochs=1, verbose=0)
     return [v.numpy() for v in model.trainable_variables]
 
 
-def distributed(kind, x, y, per_worker=B, model_fn=dense_model, loss="mse", callbacks=True, **dist_kwargs):
+def distributed(kind, x, y, per_worker=B, model_fn=dense_model, loss="mse", callbacks=True, jit_compile="auto",
+                **dist_kwargs):
     model = model_fn()
     opt = hvd.DistributedOptimizer(make_opt(kind), **dist_kwargs)
-    model.compile(optimizer=opt, loss=loss)
+    model.compile(optimizer=opt, loss=loss, jit_compile=jit_compile)
     rows = shard_rows(len(x), per_worker)
     before = reduction_count()
     model.fit(x[rows], y[rows], batch_size=per_worker, shuffle=False, epochs=1, verbose=0,
@@ -168,42 +169,26 @@ for sad in (False, True):
 
 # XLA kept for the forward and backward pass (jit_compile=True): N workers equal one process running Keras's
 # own compiled step on the global batches. "auto" is Keras's choice (off on a machine without a GPU).
-def compiled_reference(kind, x, y, per_worker=B):
-    model = dense_model()
-    model.compile(optimizer=make_opt(kind), loss="mse", jit_compile=True)
-    model.fit(x, y, batch_size=per_worker * SIZE, shuffle=False, epochs=1, verbose=0)
-    return [v.numpy() for v in model.trainable_variables]
-
-
-def compiled_distributed(kind, label=None, **dist_kwargs):
-    model = dense_model()
-    model.compile(optimizer=hvd.DistributedOptimizer(make_opt(kind), **dist_kwargs), loss="mse", jit_compile=True)
-    rows = shard_rows(len(x), B)
-    before = reduction_count()
-    model.fit(x[rows], y[rows], batch_size=B, shuffle=False, epochs=1, verbose=0,
-              callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0)])
+def compiled(kind, label=None, **dist_kwargs):
+    """`distributed` with jit_compile=True, recording whether XLA was kept, the calls per step and the digest."""
+    model, w, calls = distributed(kind, x, y, jit_compile=True, **dist_kwargs)
     label = label or kind
     result[f"xla_{label}_kept"] = bool(model.jit_compile) and xla.is_split(model)
-    result[f"xla_{label}_calls_per_step"] = (reduction_count() - before) / (len(rows) // B)
+    result[f"xla_{label}_calls_per_step"] = calls
     result[f"xla_{label}_digest"] = weights_digest(model.variables + model.optimizer.variables)
-    return model, [v.numpy() for v in model.trainable_variables]
+    return model, w
 
 
 for kind in ("sgd", "adam", "adamw"):
-    model, w = compiled_distributed(kind)
-    result[f"xla_{kind}_max_abs_diff"] = max_abs_diff(w, compiled_reference(kind, x, y))
+    model, w = compiled(kind)
+    result[f"xla_{kind}_max_abs_diff"] = max_abs_diff(w, reference(kind, x, y, jit_compile=True))
     result[f"xla_{kind}_traced"] = xla.compiled_function(model).experimental_get_tracing_count()
-model, w = compiled_distributed("sgd", "bpps2", backward_passes_per_step=2, average_aggregated_gradients=True)
-result["xla_bpps2_max_abs_diff"] = max_abs_diff(w, compiled_reference("sgd", x, y, per_worker=2 * B))
+model, w = compiled("sgd", "bpps2", backward_passes_per_step=2, average_aggregated_gradients=True)
+result["xla_bpps2_max_abs_diff"] = max_abs_diff(w, reference("sgd", x, y, per_worker=2 * B, jit_compile=True))
 result["xla_bpps2_iterations"] = int(model.optimizer.iterations.numpy())
-model = dense_model()
-model.compile(optimizer=hvd.DistributedOptimizer(make_opt("sgd")), loss="mse", jit_compile="auto")
-rows = shard_rows(len(x), B)
-model.fit(x[rows], y[rows], batch_size=B, shuffle=False, epochs=1, verbose=0,
-          callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0)])
+model, w, _ = distributed("sgd", x, y, jit_compile="auto")
 result["xla_auto_jit_after"] = bool(model.jit_compile)
-result["xla_auto_max_abs_diff"] = max_abs_diff([v.numpy() for v in model.trainable_variables],
-                                               reference("sgd", x, y))
+result["xla_auto_max_abs_diff"] = max_abs_diff(w, reference("sgd", x, y))
 
 # Mixed precision: rank 1's loss overflows on the 3rd step; every rank must skip that step together. Also with
 # XLA kept, where the loss is scaled inside the compiled function and the finiteness check runs outside it.
