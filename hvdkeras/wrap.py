@@ -141,11 +141,10 @@ def _opts() -> Options:
 def _compile(original, model, optimizer="rmsprop", *args, **kwargs):
     # A script that compiles with a DistributedOptimizer uses hvdkeras's API itself: it shards its data,
     # adds its callbacks and gates its own writes (often `if hvd.rank() == 0: model.save(...)`, where a
-    # wrapped save would wait for ranks that never call it). Such a model is left as the script made it.
+    # wrapped save would wait for ranks that never call it). Its optimizer is left as the script made it;
+    # only XLA is readied below, as for every model, so that --xla applies to it too.
     model._hvdkeras_explicit = isinstance(optimizer, DistributedOptimizer)
-    if model._hvdkeras_explicit:
-        return original(model, optimizer, *args, **kwargs)
-    if optimizer is not None:
+    if optimizer is not None and not model._hvdkeras_explicit:
         # A model being loaded keeps the learning rate it was saved with, as hvdkeras.load_model does.
         optimizer, model._hvdkeras_warmup_lr = _distributed(model, optimizer, scale=not _state["loading"],
                                                             loss_scale=kwargs.get("auto_scale_loss", True))

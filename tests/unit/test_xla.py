@@ -142,12 +142,15 @@ def test_a_split_model_made_uncompiled_later_trains_uncompiled(hvd):
     assert model.optimizer.xla_update is False
 
 
+@pytest.mark.parametrize("explicit", [False, True])
 @pytest.mark.parametrize("mode, kept", [("keep", True), ("off", False)])
-def test_the_wrap_keeps_xla_or_turns_it_off_as_told(hvd, mode, kept):
+def test_the_wrap_keeps_xla_or_turns_it_off_as_told(hvd, mode, kept, explicit):
+    """Also for a script that compiles with its own DistributedOptimizer (its optimizer is left as it is)."""
     wrap.install(wrap.Options(xla=mode))
     try:
         model = mlp()
-        model.compile(optimizer="adam", loss="mse", jit_compile=True)
+        model.compile(optimizer=DistributedOptimizer(keras.optimizers.Adam()) if explicit else "adam", loss="mse",
+                      jit_compile=True)
         assert isinstance(model.optimizer, DistributedOptimizer)
         assert model.jit_compile is kept and xla.is_split(model) is kept
         x, y = data()
