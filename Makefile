@@ -15,7 +15,7 @@ STAMP := $(VENV)/.hvdkeras-installed
 PYTEST_ARGS ?=
 NETBENCH_ARGS ?=
 
-.PHONY: install lab test test-fast demo bench netbench batchbench shardbench xlabench lint clean
+.PHONY: install lab test test-fast demo bench netbench batchbench shardbench xlabench gpu-build lint clean
 
 install: $(STAMP)
 
@@ -72,10 +72,34 @@ shardbench: install lab
 xlabench: install lab
 	$(PY) benchmarks/xla_benchmark.py --out docs
 
+# Horovod with NCCL for the GPU TensorFlow, built and checked on a machine without a GPU, in a fresh venv of its
+# own (not part of `make test`): tensorflow[and-cuda], a CUDA 12.4 toolkit made in the venv from Debian's
+# packages (scripts/cuda_toolkit.py: TensorFlow's CUDA wheels hold no nvcc), Horovod built with
+# HOROVOD_GPU_OPERATIONS=NCCL; then its checks, the 2-worker demo and the scenarios launch, on CPU over Gloo.
+GPU_VENV := .venv-gpu
+GPU_PY := $(GPU_VENV)/bin/python
+GPU_TF_SPEC ?= tensorflow[and-cuda]==2.21.0
+SCENARIO_MODULES = $(shell grep -l '^SCENARIOS' tests/multiworker/test_*.py)
+
+gpu-build: lab
+	rm -rf $(GPU_VENV)
+	$(PYTHON) -m venv $(GPU_VENV)
+	$(GPU_PY) -m pip install --quiet --upgrade pip setuptools wheel
+	$(GPU_PY) -m pip install --quiet "$(GPU_TF_SPEC)" "keras>=3.0,<4" numpy
+	cuda_home=$$($(GPU_PY) scripts/cuda_toolkit.py $(GPU_PY)) && CUDA_HOME=$$cuda_home bash scripts/install_horovod.sh $(GPU_PY)
+	$(GPU_PY) -m pip install --quiet -e ".[test,examples]"
+	$(GPU_PY) -c "import site, sys; open(site.getsitepackages()[0] + '/hvdkeras-lab.pth', 'w').write(sys.argv[1] + '\n')" "$(CURDIR)/lab"
+	$(GPU_VENV)/bin/horovodrun --check-build | tee $(GPU_VENV)/check-build.txt
+	grep -q '\[X\] NCCL' $(GPU_VENV)/check-build.txt
+	$(GPU_VENV)/bin/hvdkeras check | tee $(GPU_VENV)/hvdkeras-check.txt
+	grep -q 'NCCL \[X\]' $(GPU_VENV)/hvdkeras-check.txt && grep -q '^GPUs visible: 0' $(GPU_VENV)/hvdkeras-check.txt
+	TF_CPP_MIN_LOG_LEVEL=2 $(GPU_VENV)/bin/horovodrun -np 2 -H localhost:2 --gloo $(GPU_PY) examples/keras_digits.py
+	$(GPU_PY) -m pytest -p no:cacheprovider $(SCENARIO_MODULES)
+
 # ruff, then the package's layers (the import-linter contracts in setup.cfg).
 lint: install
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/lint-imports --no-cache
 
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache
+	rm -rf $(VENV) $(GPU_VENV) build *.egg-info .pytest_cache

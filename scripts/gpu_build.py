@@ -2,19 +2,24 @@
 
     python scripts/gpu_build.py WORK_DIR      (run by scripts/install_horovod.sh with the venv's Python)
 
-prints shell assignments (`export NAME=value`) for Horovod's build and a `GPU_TAG=...` for the wheel cache,
-or exits 1 with an error that names what is missing and how to get it. A CUDA build of TensorFlow never
-gets a CPU-only Horovod in silence.
+prints shell assignments (`export NAME=value`) for Horovod's build, a `GPU_TAG=...` for the wheel cache and a
+`HVDKERAS_HOROVOD_RPATH=...` (where Horovod's library finds a wheel's NCCL, or empty), or exits 1 with an
+error that names what is missing and how to get it. A CUDA build of TensorFlow never gets a CPU-only Horovod
+in silence.
 
 Where each part comes from, first found wins:
 - NCCL: HOROVOD_NCCL_HOME (must hold include/nccl.h and lib/libnccl.so*); a system NCCL (`ldconfig -p`);
   the venv's `nvidia-nccl-cu12` wheel (nvidia/nccl), which `tensorflow[and-cuda]` installs. The wheel
   ships `libnccl.so.2` only, and Horovod's CMake looks for `libnccl.so`, so a NCCL home is assembled in
-  WORK_DIR with links to the wheel's files, and linked as a shared library.
+  WORK_DIR with links to the wheel's files, and linked as a shared library, found at run time through an
+  RPATH relative to Horovod's library ($ORIGIN/../../nvidia/nccl/lib: both are in the same site-packages).
 - nvcc (Horovod compiles a few CUDA kernels): HOROVOD_CUDA_HOME, then CUDA_HOME (each must hold bin/nvcc);
   nvcc on PATH; /usr/local/cuda; the venv's `nvidia-cuda-nvcc-cu12` wheel where it holds bin/nvcc (a CUDA
   home is assembled from it and `nvidia-cuda-runtime-cu12`). The cu12 wheels of nvcc hold ptxas and
-  libnvvm but no nvcc (12.4.131 and 12.9.86 checked), so without a CUDA toolkit the error says so.
+  libnvvm but no nvcc (12.4.131 and 12.9.86 checked), so without a CUDA toolkit the error says so, and names
+  scripts/cuda_toolkit.py, which makes one from Debian's CUDA 12.4 packages in the venv.
+- The GPUs Horovod's kernels are compiled for (HOROVOD_BUILD_CUDA_CC_LIST, unless set): those TensorFlow was
+  built for (60,70,80,89,90 for TensorFlow 2.21), rather than every one nvcc knows.
 HOROVOD_GPU_OPERATIONS set to "" forces a CPU-only build; set to NCCL it forces NCCL (with the same checks).
 """
 
@@ -44,6 +49,7 @@ class GpuBuild:
     links: tuple[tuple[str, str], ...] = ()  # (link, target)
     tag: str = "cpu"
     sources: tuple[str, ...] = ()  # where each part came from, for the build's log
+    rpath: str = ""  # where Horovod's library finds NCCL at run time, when that is not the system's
 
 
 def _nccl_version(header: Path) -> str:
@@ -75,6 +81,13 @@ def _find_nccl(environ: Mapping[str, str], site_packages: Sequence[Path], ldconf
             env = [("HOROVOD_NCCL_HOME", str(nccl_home)), ("HOROVOD_NCCL_LINK", "SHARED")]
             return env, links, _nccl_version(header), f"NCCL from the nvidia-nccl-cu12 wheel in {site}"
     return None
+
+
+# Horovod's TensorFlow library is site-packages/horovod/tensorflow/mpi_lib*.so; the NCCL wheel's library is
+# site-packages/nvidia/nccl/lib/libnccl.so.2.
+WHEEL_NCCL_RPATH = "$ORIGIN/../../nvidia/nccl/lib"
+MAKE_A_TOOLKIT = ("or make one in the venv from Debian's CUDA 12.4 packages: CUDA_HOME=$(python "
+                  "scripts/cuda_toolkit.py VENV/bin/python), as `make gpu-build` does")
 
 
 def _find_nvcc(environ: Mapping[str, str], site_packages: Sequence[Path], which: Callable[[str], str | None],
@@ -119,7 +132,8 @@ def nvcc_release(cuda_home: str) -> str | None:
 def plan(tf_cuda: bool, environ: Mapping[str, str], site_packages: Sequence[Path], ldconfig: str, work: Path,
          which: Callable[[str], str | None] = shutil.which,
          exists: Callable[[Path], bool] = lambda p: p.is_file(), tf_cuda_version: str | None = None,
-         release: Callable[[str], str | None] = nvcc_release) -> GpuBuild:
+         release: Callable[[str], str | None] = nvcc_release,
+         tf_compute_capabilities: Sequence[str] = ()) -> GpuBuild:
     """The GPU part of Horovod's build for this environment. Pure but for reading the named folders.
 
     Raises:
@@ -144,7 +158,7 @@ def plan(tf_cuda: bool, environ: Mapping[str, str], site_packages: Sequence[Path
     if nvcc is None:
         missing.append("nvcc: no HOROVOD_CUDA_HOME or CUDA_HOME, none on PATH or in /usr/local/cuda, and the venv's "
                        "nvidia-cuda-nvcc-cu12 wheel holds ptxas but not nvcc. Install a CUDA 12 toolkit (NVIDIA's "
-                       "cuda-toolkit-12 package, or conda's cuda-nvcc) and set CUDA_HOME to it")
+                       "cuda-toolkit-12 package, or conda's cuda-nvcc) and set CUDA_HOME to it, " + MAKE_A_TOOLKIT)
     if missing:
         raise GpuBuildError(f"{why}, so Horovod must be built with NCCL, and its build is missing:\n- "
                             + "\n- ".join(missing)
@@ -156,10 +170,16 @@ def plan(tf_cuda: bool, environ: Mapping[str, str], site_packages: Sequence[Path
     if found and found.split(".")[0] != tf_cuda_version.split(".")[0]:
         raise GpuBuildError(f"{nvcc_source} is CUDA {found}, but TensorFlow was built with CUDA {tf_cuda_version}: "
                             f"Horovod's kernels would link another CUDA runtime. Install a CUDA "
-                            f"{tf_cuda_version.split('.')[0]} toolkit and set CUDA_HOME to it. Received: "
+                            f"{tf_cuda_version.split('.')[0]} toolkit and set CUDA_HOME to it"
+                            f"{', ' + MAKE_A_TOOLKIT if tf_cuda_version.split('.')[0] == '12' else ''}. Received: "
                             f"HOROVOD_CUDA_HOME={cuda_home}")
-    return GpuBuild(operations="NCCL", env=(("HOROVOD_GPU_OPERATIONS", "NCCL"), *nccl_env, *nvcc_env),
-                    links=(*nccl_links, *nvcc_links), tag=f"nccl{version}", sources=(nccl_source, nvcc_source))
+    arches = [int(cc.split("_")[1]) for cc in tf_compute_capabilities if re.fullmatch(r"(sm|compute)_\d+", cc)]
+    cc_list = [] if "HOROVOD_BUILD_CUDA_CC_LIST" in environ or not arches else [
+        ("HOROVOD_BUILD_CUDA_CC_LIST", ",".join(str(cc) for cc in sorted(set(arches))))]
+    wheel_nccl = any(link.endswith("libnccl.so") for link, _ in nccl_links)
+    return GpuBuild(operations="NCCL", env=(("HOROVOD_GPU_OPERATIONS", "NCCL"), *nccl_env, *nvcc_env, *cc_list),
+                    links=(*nccl_links, *nvcc_links), tag=f"nccl{version}", sources=(nccl_source, nvcc_source),
+                    rpath=WHEEL_NCCL_RPATH if wheel_nccl else "")
 
 
 def main(argv: Sequence[str]) -> int:
@@ -168,7 +188,7 @@ def main(argv: Sequence[str]) -> int:
         import tensorflow as tf
 
         tf_cuda = bool(tf.test.is_built_with_cuda())
-        tf_cuda_version = tf.sysconfig.get_build_info().get("cuda_version")
+        build_info = tf.sysconfig.get_build_info()
     except ImportError:
         print("gpu_build.py: error: TensorFlow must be installed before Horovod is built", file=sys.stderr)
         return 1
@@ -180,7 +200,8 @@ def main(argv: Sequence[str]) -> int:
         ldconfig = ""
     try:
         build = plan(tf_cuda, os.environ, [Path(p) for p in site.getsitepackages()], ldconfig, work,
-                     tf_cuda_version=tf_cuda_version)
+                     tf_cuda_version=build_info.get("cuda_version"),
+                     tf_compute_capabilities=build_info.get("cuda_compute_capabilities") or ())
     except GpuBuildError as err:
         print(f"gpu_build.py: error: {err}", file=sys.stderr)
         return 1
@@ -196,6 +217,7 @@ def main(argv: Sequence[str]) -> int:
     if not build.operations:
         print("unset HOROVOD_GPU_OPERATIONS")
     print(f"GPU_TAG={shlex.quote(build.tag)}")
+    print(f"HVDKERAS_HOROVOD_RPATH={shlex.quote(build.rpath)}")
     return 0
 
 

@@ -17,6 +17,7 @@
 #   HVDKERAS_CACHE_DIR      wheel cache (default: ${XDG_CACHE_HOME:-$HOME/.cache}/hvdkeras)
 #   HOROVOD_GPU_OPERATIONS  force NCCL (or empty to force CPU-only); detected when unset (scripts/gpu_build.py)
 #   HOROVOD_NCCL_HOME, HOROVOD_CUDA_HOME, CUDA_HOME   a system NCCL / CUDA toolkit, taking precedence
+#   HVDKERAS_HOROVOD_PLAN_ONLY=1   print the build's GPU variables and cache tag, then stop (builds nothing)
 set -euo pipefail
 
 PY=${1:?usage: install_horovod.sh PYTHON}
@@ -43,6 +44,19 @@ gpu_work=$(mktemp -d)
 trap 'rm -rf "$gpu_work"' EXIT
 gpu_plan=$("$PY" "$(dirname "$0")/gpu_build.py" "$gpu_work") || die "cannot build Horovod's GPU operations (above)"
 eval "$gpu_plan"
+# GPU builds carry one more patch (its code is compiled only with HAVE_GPU), under a tag of their own, so CPU
+# builds and their cached wheels are unchanged.
+if [ "$GPU_TAG" != cpu ]; then
+  PATCHES="$PATCHES,tf-gpu-stream"
+  PATCH_TAG="$PATCH_TAG-g1"
+fi
+if [ "${HVDKERAS_HOROVOD_PLAN_ONLY:-}" = 1 ]; then
+  env | grep -E '^HOROVOD_(GPU_OPERATIONS|NCCL_|CUDA_HOME|BUILD_CUDA_CC_LIST)' | sort || true
+  echo "GPU_TAG=$GPU_TAG"
+  echo "PATCHES=$PATCHES"
+  echo "HVDKERAS_HOROVOD_RPATH=$HVDKERAS_HOROVOD_RPATH"
+  exit 0
+fi
 
 already=$("$PY" - <<PYEOF 2>/dev/null || true
 import importlib.metadata as m
@@ -76,6 +90,10 @@ if [ -z "$wheel" ]; then
   cml="$src/horovod/tensorflow/CMakeLists.txt"
   grep -q 'xla_mpi_ops.cc' "$cml" || die "expected xla_mpi_ops.cc in $cml; the Horovod source changed"
   sed -i '/xla_mpi_ops\.cc/d' "$cml"
+  # NCCL from the venv's wheel is in no system library path: Horovod's library finds it relative to itself.
+  if [ -n "$HVDKERAS_HOROVOD_RPATH" ]; then
+    printf '\nset_target_properties(${TF_TARGET_LIB} PROPERTIES BUILD_RPATH "%s")\n' "$HVDKERAS_HOROVOD_RPATH" >> "$cml"
+  fi
   # Horovod 0.28.1 bug: GlooContext::InitializeForProcessSet creates its Gloo device from the new
   # context's own gloo_iface_, which is always empty, instead of the global context's. Every process set
   # (the global one included) then ignores HOROVOD_GLOO_IFACE and binds to whatever the hostname resolves
@@ -92,6 +110,12 @@ if [ -z "$wheel" ]; then
   # Gloo's alltoallv and allgatherv post each send before its receive, so two workers take turns on the link
   # instead of sending both ways at once (scripts/patch_gloo.py says why). Post the receives first.
   "$PY" "$(dirname "$0")/patch_gloo.py" "$src/third_party/gloo/gloo" || die "patching Gloo failed (above)"
+  # TensorFlow 2.21 no longer exports the function Horovod's GPU ops get their CUDA stream from
+  # (scripts/patch_gpu_stream.py says why); without this a CUDA build links but does not load.
+  if [ "$GPU_TAG" != cpu ]; then
+    "$PY" "$(dirname "$0")/patch_gpu_stream.py" "$src/horovod/tensorflow/mpi_ops.cc" \
+      || die "patching Horovod's GPU stream lookup failed (above)"
+  fi
   printf '\n_hvdkeras_patches = "%s"\n' "$PATCHES" >> "$src/horovod/__init__.py"
   # Build requirements of Horovod's setup.py itself (no build isolation: it must see the installed TF).
   "$PY" -m pip install --quiet setuptools wheel packaging
@@ -99,12 +123,16 @@ if [ -z "$wheel" ]; then
          HOROVOD_WITHOUT_PYTORCH=1 HOROVOD_WITHOUT_MXNET=1 HOROVOD_CPU_OPERATIONS=gloo
   export MAKEFLAGS="-j$(nproc)"
   "$PY" -m pip wheel --no-build-isolation --no-deps -w "$work/dist" "$src"
-  mkdir -p "$WHEEL_DIR"
-  cp "$work"/dist/horovod-*.whl "$WHEEL_DIR/"
-  wheel=$(ls "$WHEEL_DIR"/horovod-*.whl | head -n 1)
+  wheel=$(ls "$work"/dist/horovod-*.whl | head -n 1)
+  built=1
 fi
 
 echo "install_horovod.sh: installing $wheel"
 "$PY" -m pip install --quiet --force-reinstall --no-deps "$wheel"
 "$PY" -m pip install --quiet cloudpickle psutil pyyaml packaging
 "$PY" -c 'import horovod.tensorflow' || die "the installed Horovod does not import"
+# Cached only once it imports: a wheel that links but does not load is never reused.
+if [ "${built:-}" = 1 ]; then
+  mkdir -p "$WHEEL_DIR"
+  cp "$wheel" "$WHEEL_DIR/"
+fi

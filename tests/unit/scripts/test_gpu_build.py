@@ -53,6 +53,7 @@ def test_cuda_wheels_alone_fail_naming_nvcc_and_how_to_get_it(wheels, tmp_path):
     message = str(err.value)
     assert "TensorFlow is a CUDA build" in message and "nvcc" in message and "holds ptxas but not nvcc" in message
     assert "set CUDA_HOME" in message and "- NCCL" not in message  # NCCL was found in its wheel
+    assert "scripts/cuda_toolkit.py" in message  # the way to make one here
 
 
 def test_nccl_from_its_wheel_with_a_system_toolkit(wheels, tmp_path):
@@ -67,13 +68,27 @@ def test_nccl_from_its_wheel_with_a_system_toolkit(wheels, tmp_path):
     assert links[str(tmp_path / "work" / "nccl" / "lib" / "libnccl.so")] == str(wheels / "nvidia/nccl/lib/libnccl.so.2")
     assert links[str(tmp_path / "work" / "nccl" / "include")] == str(wheels / "nvidia/nccl/include")
     assert build.tag == "nccl2.32.3"
+    # The wheel's NCCL is in no system path: Horovod's library finds it beside itself in site-packages.
+    assert build.rpath == "$ORIGIN/../../nvidia/nccl/lib"
+    assert "HOROVOD_BUILD_CUDA_CC_LIST" not in env  # TensorFlow's GPUs not given: Horovod's own default
+
+
+def test_kernels_are_built_for_tensorflows_gpus_unless_set(wheels, tmp_path):
+    toolkit = layout(tmp_path / "cuda-12.4", ["bin/nvcc"])
+    tf_21 = ["sm_60", "sm_70", "sm_80", "sm_89", "compute_90"]  # tf.sysconfig.get_build_info() of 2.21.0
+    build = gpu_build.plan(True, {"CUDA_HOME": str(toolkit)}, [wheels], "", tmp_path / "work",
+                           which=lambda name: None, tf_compute_capabilities=tf_21)
+    assert dict(build.env)["HOROVOD_BUILD_CUDA_CC_LIST"] == "60,70,80,89,90"
+    build = gpu_build.plan(True, {"CUDA_HOME": str(toolkit), "HOROVOD_BUILD_CUDA_CC_LIST": "80"}, [wheels], "",
+                           tmp_path / "work", which=lambda name: None, tf_compute_capabilities=tf_21)
+    assert "HOROVOD_BUILD_CUDA_CC_LIST" not in dict(build.env)  # the user's own list is left to Horovod
 
 
 def test_system_cuda_and_nccl_take_precedence_over_the_wheels(wheels, tmp_path):
     build = plan(wheels, tmp_path, ldconfig=LDCONFIG_WITH_NCCL, system={"/usr/local/cuda/bin/nvcc"})
     env = dict(build.env)
     assert env == {"HOROVOD_GPU_OPERATIONS": "NCCL", "HOROVOD_CUDA_HOME": "/usr/local/cuda"}
-    assert build.links == () and build.tag == "ncclsystem"
+    assert build.links == () and build.tag == "ncclsystem" and build.rpath == ""
     nccl_home = layout(tmp_path / "nccl", ["include/nccl.h", "lib/libnccl.so"])
     build = plan(wheels, tmp_path, environ={"HOROVOD_NCCL_HOME": str(nccl_home)}, ldconfig=LDCONFIG_WITH_NCCL,
                  which=lambda name: "/opt/cuda/bin/nvcc")
