@@ -5,19 +5,16 @@ The packages are stand-ins built here with the layout of Debian's nvidia-cuda-to
 """
 
 import hashlib
-import importlib.util
 import io
 import sys
 import tarfile
-from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[3] / "scripts" / "cuda_toolkit.py"
-spec = importlib.util.spec_from_file_location("cuda_toolkit", SCRIPT)
-cuda_toolkit = importlib.util.module_from_spec(spec)
-sys.modules["cuda_toolkit"] = cuda_toolkit
-spec.loader.exec_module(cuda_toolkit)
+from . import SCRIPTS, load
+
+cuda_toolkit = load("cuda_toolkit")
+SCRIPT = SCRIPTS / "cuda_toolkit.py"
 
 
 def deb(files: dict[str, bytes]) -> bytes:

@@ -5,18 +5,16 @@ nvidia-nccl-cu12 2.32.3, nvidia-cuda-nvcc-cu12 12.9.86 and nvidia-cuda-runtime-c
 wheel holds bin/ptxas and nvvm, no bin/nvcc.
 """
 
-import importlib.util
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[3] / "scripts" / "gpu_build.py"
-spec = importlib.util.spec_from_file_location("gpu_build", SCRIPT)
-gpu_build = importlib.util.module_from_spec(spec)
-sys.modules["gpu_build"] = gpu_build  # its dataclasses look their module up
-spec.loader.exec_module(gpu_build)
+from . import SCRIPTS, load
+
+gpu_build = load("gpu_build")
+SCRIPT = SCRIPTS / "gpu_build.py"
 
 WHEEL_FILES = [
     "nvidia/nccl/include/nccl.h", "nvidia/nccl/lib/libnccl.so.2",

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[3]
+from . import SCRIPTS
+
 CUDA_TF = '''__version__ = "2.21.0"
 class test:
     is_built_with_cuda = staticmethod(lambda: {cuda})
@@ -48,7 +49,7 @@ def cuda_home(tmp_path):
 
 def plan(python: Path, **env) -> subprocess.CompletedProcess:
     # No /usr/local/bin on PATH: this machine's image has a CUDA 13 nvcc there.
-    return subprocess.run(["bash", str(ROOT / "scripts" / "install_horovod.sh"), str(python)], capture_output=True,
+    return subprocess.run(["bash", str(SCRIPTS / "install_horovod.sh"), str(python)], capture_output=True,
                           text=True, timeout=300, env={"PATH": "/usr/bin:/bin", "HVDKERAS_HOROVOD_PLAN_ONLY": "1",
                                                        "HOME": str(python.parent.parent), **env})
 

@@ -1,17 +1,13 @@
 """scripts/patch_gloo.py: Gloo's alltoallv and allgatherv post their receives first, on the loops of Horovod
 0.28.1's vendored Gloo (third_party/gloo/gloo, recorded 2026-12-03), and refuse any other source."""
 
-import importlib.util
-import sys
-from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[3] / "scripts" / "patch_gloo.py"
-spec = importlib.util.spec_from_file_location("patch_gloo", SCRIPT)
-patch_gloo = importlib.util.module_from_spec(spec)
-sys.modules["patch_gloo"] = patch_gloo
-spec.loader.exec_module(patch_gloo)
+from . import SCRIPTS, load
+
+patch_gloo = load("patch_gloo")
+SCRIPT = SCRIPTS / "patch_gloo.py"
 
 ALLTOALLV = """\
   // Remote copy.

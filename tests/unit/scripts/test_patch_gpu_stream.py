@@ -1,18 +1,15 @@
 """scripts/patch_gpu_stream.py: Horovod's GPU ops take the CUDA stream from TensorFlow's Stream itself, on the
 lines of Horovod 0.28.1's horovod/tensorflow/mpi_ops.cc (recorded 2026-12-03), and refuse any other source."""
 
-import importlib.util
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[3] / "scripts" / "patch_gpu_stream.py"
-spec = importlib.util.spec_from_file_location("patch_gpu_stream", SCRIPT)
-patch_gpu_stream = importlib.util.module_from_spec(spec)
-sys.modules["patch_gpu_stream"] = patch_gpu_stream
-spec.loader.exec_module(patch_gpu_stream)
+from . import SCRIPTS, load
+
+patch_gpu_stream = load("patch_gpu_stream")
+SCRIPT = SCRIPTS / "patch_gpu_stream.py"
 
 MPI_OPS = """\
 // Forward declaration of AsGpuStreamValue
