@@ -1,7 +1,7 @@
 """One worker of the network benchmark, one per test host; started by network_benchmark.py.
 
     net_worker.py keras3|keras2 OUT_JSON --models conv,mlp --steps S --rounds R [--warmup W] [--sweep N,..]
-                  [--inter-op 1|0]
+                  [--inter-op 1|0] [--compute cpu|device]
 
 The job forms from the torchrun-style variables the driver sets (RANK, WORLD_SIZE, MASTER_ADDR, ...), through
 hvdkeras's rendezvous, for both kinds. Every variant of every model is built once, warmed up, then timed
@@ -13,6 +13,10 @@ keras3: local (plain optimizer, no communication), forward (the forward pass and
         hvdkeras default / single / fp16 (and hvdkeras_bN: bucket_bytes=N for each N of --sweep), and
         horovod_tape (Horovod's DistributedGradientTape loop on Keras 3).
 keras2: local and horovod_keras2 (Horovod's DistributedOptimizer on tf-keras, TF_USE_LEGACY_KERAS=1).
+
+--compute device (keras3 only): each model is first timed layer by layer here (both ranks, averaged), then
+replaced by its device-like stand-in (device_compute.py): timed waits that take no core, with the model's own
+weight shapes. The calibration is written with the figures.
 """
 
 import argparse
@@ -142,14 +146,34 @@ def measure(runners: dict, steps: int, rounds: int, warmup: int) -> tuple[dict, 
     return wall, cpu, wait
 
 
-def keras3_runners(model_name, rank, sweep):
+def device_stand_in(keras, model_name, rank):
+    """(make, shape, calibration): the model's device-like stand-in, timed here and averaged over the ranks."""
+    import device_compute
+
+    from hvdkeras import _collectives as C
+
+    make, shape = MODELS[model_name]
+    real = make(keras)
+    x = np.random.default_rng(rank).normal(size=(BATCH, *shape)).astype("float32")
+    times = device_compute.calibrate(real, x)
+    pairs = tf.constant([[t["forward_s"], t["backward_s"]] for t in times], tf.float64)
+    pairs = C.allreduce(pairs, name=f"bench.calibration.{model_name}", op=C.Average).numpy()
+    for t, (forward, backward) in zip(times, pairs):
+        t["forward_s"], t["backward_s"] = float(forward), float(backward)
+    return (lambda keras: device_compute.device_model(keras, times, CLASSES)), (CLASSES,), times
+
+
+def keras3_runners(model_name, rank, sweep, compute="cpu"):
     import horovod.tensorflow as htf
     import keras
 
     import hvdkeras as hvd
     from hvdkeras import _collectives as C
 
-    make, shape = MODELS[model_name]
+    if compute == "device":
+        make, shape, calibration = device_stand_in(keras, model_name, rank)
+    else:
+        (make, shape), calibration = MODELS[model_name], None
     data = dataset(shape, rank)
     loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
     one = tf.constant(1.0)
@@ -178,8 +202,10 @@ def keras3_runners(model_name, rank, sweep):
     runners["link"] = loop_runner(lambda: link().numpy()[:1], barrier)
 
     xb, yb = next(iter(data))
-    forward = tf.function(lambda: loss(yb, model(xb, training=True)))
-    runners["forward"] = loop_runner(lambda: float(forward()), barrier)
+    # The batch is passed in, as in training: captured as constants, grappler could run stateless ops (the
+    # device-like waits) once while optimizing the graph.
+    forward = tf.function(lambda x, y: loss(y, model(x, training=True)))
+    runners["forward"] = loop_runner(lambda: float(forward(xb, yb)), barrier)
 
     variants = {"hvdkeras": {}, "hvdkeras_single": {"bucket_bytes": 0},
                 "hvdkeras_fp16": {"compression": hvd.Compression.fp16}}
@@ -196,10 +222,10 @@ def keras3_runners(model_name, rank, sweep):
     it = iter(data)
     tape_step = horovod_tape_step(m, opt, loss)
     runners["horovod_tape"] = loop_runner(lambda: float(tape_step(next(it))), barrier)
-    return runners, nbytes
+    return runners, nbytes, calibration
 
 
-def keras2_runners(model_name, rank, sweep):
+def keras2_runners(model_name, rank, sweep, compute="cpu"):
     import horovod.tensorflow as htf
     import horovod.tensorflow.keras as hvdk
 
@@ -219,7 +245,7 @@ def keras2_runners(model_name, rank, sweep):
     m = make(keras)
     m.compile(optimizer=hvdk.DistributedOptimizer(keras.optimizers.SGD(0.001)), loss=loss)
     runners["horovod_keras2"] = fit_runner(keras, m, data, barrier)
-    return runners, grad_bytes(model)
+    return runners, grad_bytes(model), None
 
 
 def main():
@@ -232,7 +258,11 @@ def main():
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--sweep", default="", help="more bucket sizes to time (keras3), comma-separated bytes")
     parser.add_argument("--inter-op", type=int, default=1, help="inter-op threads; 0: TensorFlow's default")
+    parser.add_argument("--compute", choices=["cpu", "device"], default="cpu",
+                        help="the models' compute: real, on the CPU, or device-like timed waits (keras3 only)")
     args = parser.parse_args()
+    if args.compute == "device" and args.kind != "keras3":
+        parser.error("--compute device is for keras3 only")
     set_threads(args.inter_op)
 
     # Both kinds form the job through hvdkeras's rendezvous from the launcher's variables: hvdkeras.init()
@@ -263,13 +293,13 @@ def main():
         raise SystemExit(f"formed a job of {size}, expected {launch.size}")
     build = keras2_runners if args.kind == "keras2" else keras3_runners
     result = {"rank": rank, "size": size, "framework": framework, "threads": 1, "inter_op": args.inter_op,
-              "batch_per_worker": BATCH,
+              "batch_per_worker": BATCH, "compute": args.compute,
               "models": {}}
     for name in args.models.split(","):
-        runners, nbytes = build(name, rank, [int(b) for b in args.sweep.split(",") if b])
+        runners, nbytes, calibration = build(name, rank, [int(b) for b in args.sweep.split(",") if b], args.compute)
         wall, cpu, wait = measure(runners, args.steps, args.rounds, args.warmup)
         result["models"][name] = {"grad_bytes": nbytes, "rounds_s": wall, "cpu_rounds_s": cpu,
-                                  "wait_rounds_s": wait}
+                                  "wait_rounds_s": wait, "calibration": calibration}
     path = f"{args.out}.rank{rank}"
     with open(path + ".tmp", "w") as f:
         json.dump(result, f, indent=1)

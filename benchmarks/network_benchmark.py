@@ -2,7 +2,8 @@
 
     .venv/bin/python benchmarks/network_benchmark.py [--rates 500mbit,200mbit,50mbit] [--delay-ms 0]
                                                      [--models conv,mlp] [--inter-op 1,0] [--out docs]
-                                                                                              (`make netbench`)
+                                                     [--compute cpu|device] [--nice default,none]
+                                                     [--competing N]                  (`make netbench`)
 
 Needs root (it makes two network namespaces joined by a veth pair, as the tests' lab does, and shapes the
 link with tc tbf in both directions). Nothing leaves the machine. For each link rate and each inter-op thread
@@ -24,6 +25,15 @@ nothing), all in one run:
   overlap = (t_local + t_comm - t_step) / min(t_local, t_comm), the share of the hideable time hidden against
   perfect overlap, and overlap_after_forward the same against the after-forward bound; scaling efficiency =
   t_local / t_step.
+
+--compute device replaces each model's compute by timed waits that take no core, calibrated to the model's
+own per-layer times on this machine (device_compute.py): what a GPU host's communication sees, whose cores
+the compute leaves free. Horovod's tf-keras integration has no such stand-in and is left out; the rest is
+the same. It writes network_device.json and network_device.png instead.
+
+--nice runs each setting of HVDKERAS_HOROVOD_NICE in turn (default: the job's own, -15 across hosts; none:
+Horovod's threads left alone), and --competing N keeps N CPU-bound processes running on the machine
+throughout, as another job on a shared host would.
 
 Every variant is timed in interleaved rounds inside the same two processes; figures are medians over the
 rounds of each round's median step, with the spread (min-max over rounds), and each variant's CPU time and
@@ -156,12 +166,14 @@ def run_on_hosts(lab, argv: list[str], out: Path, port: int, timeout: float, wha
         raise RuntimeError(f"the {what} workers {why} after {timeout:.0f} s at most:\n" + "\n".join(tails))
 
 
-def run_pair(lab, kind: str, out: Path, port: int, args, timeout: float, inter_op: int) -> list[dict]:
+def run_pair(lab, kind: str, out: Path, port: int, args, timeout: float, inter_op: int,
+             nice: str = "default") -> list[dict]:
     """Runs net_worker.py on both test hosts and returns each rank's figures."""
     argv = [str(HERE / "net_worker.py"), kind, str(out), "--models", args.models, "--steps", str(args.steps),
             "--rounds", str(args.rounds), "--warmup", str(args.warmup), "--inter-op", str(inter_op),
-            *(["--sweep", args.sweep] if kind == "keras3" and args.sweep else [])]
-    env = dict(args.env, **({"TF_USE_LEGACY_KERAS": "1"} if kind == "keras2" else {}))
+            "--compute", args.compute, *(["--sweep", args.sweep] if kind == "keras3" and args.sweep else [])]
+    env = dict(args.env, **({"TF_USE_LEGACY_KERAS": "1"} if kind == "keras2" else {}),
+               **({} if nice == "default" else {"HVDKERAS_HOROVOD_NICE": nice}))
     run_on_hosts(lab, argv, out, port, timeout, kind, env)
     return [json.loads(Path(f"{out}.rank{r}").read_text()) for r in range(2)]
 
@@ -205,7 +217,7 @@ def derive(t_step: float, t_local: float, t_comm: float, t_forward: float, cpu_f
             "vs_reachable_bound": t_step / reachable - 1}
 
 
-def summarize(k3: dict, k2: dict, nbytes: int) -> dict:
+def summarize(k3: dict, k2: dict | None, nbytes: int) -> dict:
     t_local, t_comm, t_comm16 = (k3[k]["median_ms"] for k in ("local", "comm", "comm_fp16"))
     t_forward = k3["forward"]["median_ms"]
     # CPU per step and worker (all threads): the local step's, and the allreduce's alone. Where the workers'
@@ -222,8 +234,8 @@ def summarize(k3: dict, k2: dict, nbytes: int) -> dict:
            "cpu_local_ms": cpu_local, "cpu_comm_ms": cpu_comm, "cpu_floor_ms": cpu_local + cpu_comm,
            "wait_local_ms": k3["local"]["wait_ms"],
            "fp16_comm_cut": t_comm / t_comm16, "t_link_ms": k3["link"]["median_ms"],
-           "t_local_keras2_ms": k2["local"]["median_ms"],
-           "timings": {**k3, **{f"keras2_{k}": v for k, v in k2.items()}},
+           "t_local_keras2_ms": k2["local"]["median_ms"] if k2 else None,
+           "timings": {**k3, **{f"keras2_{k}": v for k, v in (k2 or {}).items()}},
            "variants": {}}
     for v in (*KERAS3_VARIANTS, *sorted((k for k in k3 if k.startswith("hvdkeras_b")), key=lambda k: int(k[10:]))):
         fp16 = v == "hvdkeras_fp16"
@@ -232,6 +244,8 @@ def summarize(k3: dict, k2: dict, nbytes: int) -> dict:
         out["variants"][v]["spread_ms"] = [k3[v]["min_ms"], k3[v]["max_ms"]]
         out["variants"][v]["cpu_ms"] = k3[v]["cpu_ms"]
         out["variants"][v]["wait_ms"] = k3[v]["wait_ms"]
+    if not k2:
+        return out
     out["variants"]["horovod_keras2"] = derive(k2["horovod_keras2"]["median_ms"], k2["local"]["median_ms"], t_comm,
                                                t_forward, k2["local"]["cpu_ms"] + cpu_comm)
     out["variants"]["horovod_keras2"]["spread_ms"] = [k2["horovod_keras2"]["min_ms"], k2["horovod_keras2"]["max_ms"]]
@@ -257,8 +271,19 @@ def check_link(rate_name: str, nominal: float, nbytes: int, t_link_ms: float) ->
     return {"allreduce_mbit_s": measured / 1e6, "allreduce_vs_nominal": ratio}
 
 
-def threads_label(inter_op: int) -> str:
-    return "default inter-op threads" if inter_op == 0 else f"{inter_op} inter-op thread{'s' * (inter_op > 1)}"
+def threads_label(inter_op: int, nice: str = "default") -> str:
+    threads = "default inter-op threads" if inter_op == 0 else f"{inter_op} inter-op thread{'s' * (inter_op > 1)}"
+    return threads if nice == "default" else f"{threads}, HVDKERAS_HOROVOD_NICE={nice}"
+
+
+def parse_nice(parser: argparse.ArgumentParser, text: str) -> list[str]:
+    """--nice as distinct settings: default (the job's own), none, or a nice value from -20 to 19."""
+    settings = [v.strip() for v in text.split(",") if v.strip()]
+    ok = all(v in ("default", "none") or re.fullmatch(r"-?\d+", v) and -20 <= int(v) <= 19 for v in settings)
+    if not settings or not ok or len(set(settings)) != len(settings):
+        parser.error(f"--nice takes distinct settings, comma-separated: default, none or a nice value from -20 "
+                     f"to 19. Received: {text!r}")
+    return settings
 
 
 def plot(results: dict, path: Path) -> None:
@@ -281,21 +306,25 @@ def plot(results: dict, path: Path) -> None:
         ax.plot(rates, worst, "k:", lw=1, label="no overlap t_local + t_comm")
         ax.plot(rates, [x["variants"]["hvdkeras"]["reachable_bound_ms"] for x in rows], "k-.", lw=1,
                 label="reachable: max(t_forward + t_comm, t_local, CPU floor)")
-        for i, v in enumerate((*KERAS3_VARIANTS, "horovod_keras2")):
+        for i, v in enumerate(v for v in (*KERAS3_VARIANTS, "horovod_keras2") if v in rows[0]["variants"]):
             med = [x["variants"][v]["step_ms"] for x in rows]
             lo = [m - x["variants"][v]["spread_ms"][0] for m, x in zip(med, rows)]
             hi = [x["variants"][v]["spread_ms"][1] - m for m, x in zip(med, rows)]
             ax.errorbar(rates, med, yerr=[lo, hi], marker="os^vD"[i], capsize=3, label=LABELS[v])
-        ax.plot(rates, [x["t_local_keras2_ms"] for x in rows], color="C4", ls=":", lw=1, label="tf-keras t_local")
+        if rows[0]["t_local_keras2_ms"] is not None:
+            ax.plot(rates, [x["t_local_keras2_ms"] for x in rows], color="C4", ls=":", lw=1, label="tf-keras t_local")
         ax.set_xscale("log")
         ax.set_yscale("log")
         ax.set_xlabel("link rate, Mbit/s (tbf, both directions)")
         ax.set_ylabel("ms per step (median of rounds; bars: min-max)")
         first = next(iter(links.values()))
-        ax.set_title(f"{model}, {threads_label(run['inter_op'])}: {first['grad_bytes'] / 1e6:.1f} MB of gradients, "
+        setting = threads_label(run["inter_op"], run.get("nice", "default"))
+        ax.set_title(f"{model}, {setting}: {first['grad_bytes'] / 1e6:.1f} MB of gradients, "
                      f"t_local {first['t_local_ms']:.0f} ms", fontsize=10)
         ax.legend(fontsize=7)
-    fig.suptitle(f"hvdkeras over a shaped link: 2 test hosts, 1 worker and 1 compute thread each, {results['date']}",
+    compute = "device-like compute (timed waits)" if results.get("compute") == "device" else "1 compute thread each"
+    competing = f", {results['competing']} CPU-bound process(es) running" if results.get("competing") else ""
+    fig.suptitle(f"hvdkeras over a shaped link: 2 test hosts, 1 worker each, {compute}{competing}, {results['date']}",
                  fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=90)
@@ -318,6 +347,13 @@ def main(argv=None) -> int:
     parser.add_argument("--inter-op", default="1,0", metavar="N,...",
                         help="the workers' inter-op thread settings, each run in turn: 1 is the published "
                              "configuration, 0 TensorFlow's default (default: %(default)s)")
+    parser.add_argument("--compute", choices=["cpu", "device"], default="cpu",
+                        help="the models' compute: real (cpu), or device-like timed waits that take no core")
+    parser.add_argument("--nice", default="default", metavar="SETTING,...",
+                        help="HVDKERAS_HOROVOD_NICE settings, each run in turn: default, none or a value "
+                             "(default: %(default)s)")
+    parser.add_argument("--competing", type=int, default=0, metavar="N",
+                        help="CPU-bound processes kept running on the machine throughout (default: 0)")
     parser.add_argument("--out", type=Path, default=REPO / "docs", help="where the JSON and PNG go")
     parser.add_argument("--quick", action="store_true", help="a smoke run: 2 steps, 1 round, no meaningful numbers")
     parser.add_argument("--timeout", type=float, default=1200, help="seconds per launch of the two workers")
@@ -327,6 +363,9 @@ def main(argv=None) -> int:
         if model not in ("conv", "mlp"):
             parser.error(f"--models takes conv and/or mlp. Received: {model!r}")
     settings = parse_inter_op(parser, args.inter_op)
+    nices = parse_nice(parser, args.nice)
+    if args.competing < 0:
+        parser.error(f"--competing takes a count >= 0. Received: {args.competing}")
     env = parse_env(parser, args.env)
     args.env = env
     if args.quick:
@@ -344,32 +383,37 @@ def main(argv=None) -> int:
     results = {"date": datetime.date.today().isoformat(), "machine": f"{platform.machine()}, {os.cpu_count()} cores",
                "quick": args.quick, "steps": args.steps, "rounds": args.rounds, "env": dict(env),
                "default_bucket_bytes": _default_bucket_bytes(), "sweep": args.sweep,
-               "delay_ms": args.delay_ms, "links": {}}
-    runs = {inter_op: {"inter_op": inter_op, "models": {}} for inter_op in settings}
+               "delay_ms": args.delay_ms, "compute": args.compute, "competing": args.competing, "links": {}}
+    runs = {(inter_op, nice): {"inter_op": inter_op, "nice": nice, "models": {}}
+            for inter_op in settings for nice in nices}
     results["runs"] = list(runs.values())
     port = 29710
+    busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(args.competing)]
     try:
         for rate_name, nominal in rates:
             shape(lab, rate_name, args.delay_ms)
             tcp_s = lab.transfer(4_000_000)
             print(f"[{rate_name}] TCP transfer of 4 MB: {4e6 * 8 / tcp_s / 1e6:.0f} Mbit/s", flush=True)
             link = {"nominal_mbit_s": nominal / 1e6, "tcp_mbit_s": 4e6 * 8 / tcp_s / 1e6}
-            for inter_op, run in runs.items():
-                k3 = run_pair(lab, "keras3", tmp / f"k3-{rate_name}-{inter_op}.json", port, args, args.timeout,
-                              inter_op)
-                k2 = run_pair(lab, "keras2", tmp / f"k2-{rate_name}-{inter_op}.json", port + 1, args, args.timeout,
-                              inter_op)
+            for (inter_op, nice), run in runs.items():
+                k3 = run_pair(lab, "keras3", tmp / f"k3-{rate_name}-{inter_op}-{nice}.json", port, args, args.timeout,
+                              inter_op, nice)
+                # Horovod's tf-keras integration: real compute only (there is no device-like stand-in for it).
+                k2 = run_pair(lab, "keras2", tmp / f"k2-{rate_name}-{inter_op}-{nice}.json", port + 1, args,
+                              args.timeout, inter_op, nice) if args.compute == "cpu" else None
                 port += 2
-                link.setdefault("frameworks", [k3[0]["framework"], k2[0]["framework"]])
+                link.setdefault("frameworks", [k3[0]["framework"], *([k2[0]["framework"]] if k2 else [])])
                 for model in args.models.split(","):
-                    k3m, k2m = combine(k3, model), combine(k2, model)
+                    k3m, k2m = combine(k3, model), combine(k2, model) if k2 else None
+                    if k3[0]["models"][model].get("calibration"):
+                        run.setdefault("calibration", {})[model] = k3[0]["models"][model]["calibration"]
                     nbytes = k3[0]["models"][model]["grad_bytes"]
                     checked = check_link(rate_name, nominal, nbytes, k3m["link"]["median_ms"]) if not args.quick \
                         else {"allreduce_mbit_s": nbytes * 8 / k3m["link"]["median_ms"] * 1e-3}
                     link.setdefault(model, checked)
                     run["models"].setdefault(model, {})[rate_name] = summarize(k3m, k2m, nbytes)
                     s = run["models"][model][rate_name]
-                    print(f"[{rate_name}, {threads_label(inter_op)}] {model}: t_local {s['t_local_ms']:.0f} ms "
+                    print(f"[{rate_name}, {threads_label(inter_op, nice)}] {model}: t_local {s['t_local_ms']:.0f} ms "
                           f"(forward {s['t_forward_ms']:.0f}), t_comm {s['t_comm_ms']:.0f} ms "
                           f"(fp16 {s['t_comm_fp16_ms']:.0f}), link allreduce {checked['allreduce_mbit_s']:.0f} "
                           f"Mbit/s, CPU per step local {s['cpu_local_ms']:.0f} ms (waiting for a core "
@@ -386,12 +430,16 @@ def main(argv=None) -> int:
         print(f"network_benchmark.py: {e}", file=sys.stderr)
         return 3
     finally:
+        for proc in busy:
+            proc.kill()
+            proc.wait()
         lab.stop()
         shutil.rmtree(tmp, ignore_errors=True)
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "network_benchmark.json").write_text(json.dumps(results, indent=1))
-    plot(results, args.out / "network_benchmark.png")
-    print(f"wrote {args.out / 'network_benchmark.json'} and {args.out / 'network_benchmark.png'}")
+    name = "network_device" if args.compute == "device" else "network_benchmark"
+    (args.out / f"{name}.json").write_text(json.dumps(results, indent=1))
+    plot(results, args.out / f"{name}.png")
+    print(f"wrote {args.out / f'{name}.json'} and {args.out / f'{name}.png'}")
     return 0
 
 

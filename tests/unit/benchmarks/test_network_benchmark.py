@@ -79,12 +79,27 @@ def test_summarize_takes_the_cpu_floor_from_the_local_step_and_the_allreduce():
     assert s["variants"]["horovod_keras2"]["reachable_bound_ms"] == 45 + 16  # against tf-keras's own step
 
 
-@pytest.mark.parametrize("value", ["", "one", "1,1", "-1"])
-def test_a_bad_inter_op_setting_says_what_was_received(value, capsys):
+    # Device-like compute: no tf-keras run, and every other figure as before.
+    device = nb.summarize(k3, None, 3_000_000)
+    assert "horovod_keras2" not in device["variants"] and device["t_local_keras2_ms"] is None
+    assert device["variants"]["hvdkeras"] == s["variants"]["hvdkeras"]
+
+
+def test_nice_settings_are_read_in_order():
+    assert nb.parse_nice(None, "default,none,-5") == ["default", "none", "-5"]
+    assert nb.threads_label(1, "none") == "1 inter-op thread, HVDKERAS_HOROVOD_NICE=none"
+    assert nb.threads_label(0) == "default inter-op threads"
+
+
+@pytest.mark.parametrize("option, value, expected", [
+    *[("--inter-op", v, "--inter-op takes distinct integers >= 0") for v in ["", "one", "1,1", "-1"]],
+    *[("--nice", v, "--nice takes distinct settings") for v in ["", "nice", "default,default", "-21", "20"]],
+    ("--competing", "-1", "--competing takes a count >= 0")])
+def test_a_bad_setting_says_what_was_received(option, value, expected, capsys):
     with pytest.raises(SystemExit):
-        nb.main(["--inter-op", value])
+        nb.main([option, value])
     err = capsys.readouterr().err
-    assert "--inter-op takes distinct integers >= 0" in err and f"Received: {value!r}" in err
+    assert expected in err and f"Received: {value if option == '--competing' else repr(value)}" in err
 
 
 def test_rounds_take_the_slower_rank_then_the_median():
