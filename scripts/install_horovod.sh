@@ -47,8 +47,8 @@ eval "$gpu_plan"
 # GPU builds carry one more patch (its code is compiled only with HAVE_GPU), under a tag of their own, so CPU
 # builds and their cached wheels are unchanged.
 if [ "$GPU_TAG" != cpu ]; then
-  PATCHES="$PATCHES,tf-gpu-stream"
-  PATCH_TAG="$PATCH_TAG-g1"
+  PATCHES="$PATCHES,tf-gpu-stream${HVDKERAS_HOROVOD_RPATH:+,nccl-rpath}"
+  PATCH_TAG="$PATCH_TAG-g2"
 fi
 if [ "${HVDKERAS_HOROVOD_PLAN_ONLY:-}" = 1 ]; then
   env | grep -E '^HOROVOD_(GPU_OPERATIONS|NCCL_|CUDA_HOME|BUILD_CUDA_CC_LIST)' | sort || true
@@ -90,9 +90,11 @@ if [ -z "$wheel" ]; then
   cml="$src/horovod/tensorflow/CMakeLists.txt"
   grep -q 'xla_mpi_ops.cc' "$cml" || die "expected xla_mpi_ops.cc in $cml; the Horovod source changed"
   sed -i '/xla_mpi_ops\.cc/d' "$cml"
-  # NCCL from the venv's wheel is in no system library path: Horovod's library finds it relative to itself.
+  # NCCL from the venv's wheel is in no system library path: Horovod's library finds it relative to itself,
+  # and only there (not in the build's temporary NCCL home, which CMake would add to a build's RPATH).
   if [ -n "$HVDKERAS_HOROVOD_RPATH" ]; then
-    printf '\nset_target_properties(${TF_TARGET_LIB} PROPERTIES BUILD_RPATH "%s")\n' "$HVDKERAS_HOROVOD_RPATH" >> "$cml"
+    printf '\nset_target_properties(${TF_TARGET_LIB} PROPERTIES BUILD_WITH_INSTALL_RPATH TRUE INSTALL_RPATH "%s")\n' \
+      "$HVDKERAS_HOROVOD_RPATH" >> "$cml"
   fi
   # Horovod 0.28.1 bug: GlooContext::InitializeForProcessSet creates its Gloo device from the new
   # context's own gloo_iface_, which is always empty, instead of the global context's. Every process set
