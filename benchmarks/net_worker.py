@@ -16,7 +16,8 @@ keras2: local and horovod_keras2 (Horovod's DistributedOptimizer on tf-keras, TF
 
 --compute device (keras3 only): each model is first timed layer by layer here (both ranks, averaged), then
 replaced by its device-like stand-in (device_compute.py): timed waits that take no core, with the model's own
-weight shapes. The calibration is written with the figures.
+weight shapes. The calibration is written with the figures, and kept in --calibration's file for the next
+launches.
 """
 
 import argparse
@@ -146,24 +147,35 @@ def measure(runners: dict, steps: int, rounds: int, warmup: int) -> tuple[dict, 
     return wall, cpu, wait
 
 
-def device_stand_in(keras, model_name, rank):
-    """(make, shape, calibration): the model's device-like stand-in, timed here and averaged over the ranks."""
+def device_stand_in(keras, model_name, rank, saved=None):
+    """(make, shape, calibration): the model's device-like stand-in, timed here and averaged over the ranks, or
+    with the times of `saved` (a JSON file of {model: calibration}) where it holds this model's; rank 0 adds
+    new ones to it, so that every launch of one benchmark run waits the same times."""
     import device_compute
 
     from hvdkeras import _collectives as C
 
     make, shape = MODELS[model_name]
-    real = make(keras)
-    x = np.random.default_rng(rank).normal(size=(BATCH, *shape)).astype("float32")
-    times = device_compute.calibrate(real, x)
-    pairs = tf.constant([[t["forward_s"], t["backward_s"]] for t in times], tf.float64)
-    pairs = C.allreduce(pairs, name=f"bench.calibration.{model_name}", op=C.Average).numpy()
-    for t, (forward, backward) in zip(times, pairs):
-        t["forward_s"], t["backward_s"] = float(forward), float(backward)
+    known = {}
+    if saved and os.path.exists(saved):
+        with open(saved) as f:
+            known = json.load(f)
+    times = known.get(model_name)
+    if times is None:
+        x = np.random.default_rng(rank).normal(size=(BATCH, *shape)).astype("float32")
+        times = device_compute.calibrate(make(keras), x)
+        pairs = tf.constant([[t["forward_s"], t["backward_s"]] for t in times], tf.float64)
+        pairs = C.allreduce(pairs, name=f"bench.calibration.{model_name}", op=C.Average).numpy()
+        for t, (forward, backward) in zip(times, pairs):
+            t["forward_s"], t["backward_s"] = float(forward), float(backward)
+        if saved and rank == 0:
+            with open(saved + ".tmp", "w") as f:
+                json.dump(dict(known, **{model_name: times}), f, indent=1)
+            os.replace(saved + ".tmp", saved)
     return (lambda keras: device_compute.device_model(keras, times, CLASSES)), (CLASSES,), times
 
 
-def keras3_runners(model_name, rank, sweep, compute="cpu"):
+def keras3_runners(model_name, rank, sweep, compute="cpu", calibration_file=None):
     import horovod.tensorflow as htf
     import keras
 
@@ -171,7 +183,7 @@ def keras3_runners(model_name, rank, sweep, compute="cpu"):
     from hvdkeras import _collectives as C
 
     if compute == "device":
-        make, shape, calibration = device_stand_in(keras, model_name, rank)
+        make, shape, calibration = device_stand_in(keras, model_name, rank, calibration_file)
     else:
         (make, shape), calibration = MODELS[model_name], None
     data = dataset(shape, rank)
@@ -225,7 +237,7 @@ def keras3_runners(model_name, rank, sweep, compute="cpu"):
     return runners, nbytes, calibration
 
 
-def keras2_runners(model_name, rank, sweep, compute="cpu"):
+def keras2_runners(model_name, rank, sweep, compute="cpu", calibration_file=None):
     import horovod.tensorflow as htf
     import horovod.tensorflow.keras as hvdk
 
@@ -260,6 +272,8 @@ def main():
     parser.add_argument("--inter-op", type=int, default=1, help="inter-op threads; 0: TensorFlow's default")
     parser.add_argument("--compute", choices=["cpu", "device"], default="cpu",
                         help="the models' compute: real, on the CPU, or device-like timed waits (keras3 only)")
+    parser.add_argument("--calibration", default=None, metavar="JSON",
+                        help="--compute device: the per-layer times to use, or where rank 0 saves them")
     args = parser.parse_args()
     if args.compute == "device" and args.kind != "keras3":
         parser.error("--compute device is for keras3 only")
@@ -296,7 +310,8 @@ def main():
               "batch_per_worker": BATCH, "compute": args.compute,
               "models": {}}
     for name in args.models.split(","):
-        runners, nbytes, calibration = build(name, rank, [int(b) for b in args.sweep.split(",") if b], args.compute)
+        runners, nbytes, calibration = build(name, rank, [int(b) for b in args.sweep.split(",") if b], args.compute,
+                                             args.calibration)
         wall, cpu, wait = measure(runners, args.steps, args.rounds, args.warmup)
         result["models"][name] = {"grad_bytes": nbytes, "rounds_s": wall, "cpu_rounds_s": cpu,
                                   "wait_rounds_s": wait, "calibration": calibration}

@@ -29,7 +29,8 @@ nothing), all in one run:
 --compute device replaces each model's compute by timed waits that take no core, calibrated to the model's
 own per-layer times on this machine (device_compute.py): what a GPU host's communication sees, whose cores
 the compute leaves free. Horovod's tf-keras integration has no such stand-in and is left out; the rest is
-the same. It writes network_device.json and network_device.png instead.
+the same. The first launch's calibration serves every later one of the run, so every rate and setting waits
+the same times. It writes network_device.json and network_device.png instead.
 
 --nice runs each setting of HVDKERAS_HOROVOD_NICE in turn (default: the job's own, -15 across hosts; none:
 Horovod's threads left alone), and --competing N keeps N CPU-bound processes running on the machine
@@ -171,7 +172,8 @@ def run_pair(lab, kind: str, out: Path, port: int, args, timeout: float, inter_o
     """Runs net_worker.py on both test hosts and returns each rank's figures."""
     argv = [str(HERE / "net_worker.py"), kind, str(out), "--models", args.models, "--steps", str(args.steps),
             "--rounds", str(args.rounds), "--warmup", str(args.warmup), "--inter-op", str(inter_op),
-            "--compute", args.compute, *(["--sweep", args.sweep] if kind == "keras3" and args.sweep else [])]
+            "--compute", args.compute, *(["--sweep", args.sweep] if kind == "keras3" and args.sweep else []),
+            *(["--calibration", str(out.parent / "calibration.json")] if args.compute == "device" else [])]
     env = dict(args.env, **({"TF_USE_LEGACY_KERAS": "1"} if kind == "keras2" else {}),
                **({} if nice == "default" else {"HVDKERAS_HOROVOD_NICE": nice}))
     run_on_hosts(lab, argv, out, port, timeout, kind, env)
@@ -294,7 +296,8 @@ def plot(results: dict, path: Path) -> None:
 
     runs = results["runs"]
     models = list(runs[0]["models"])
-    fig, axes = plt.subplots(len(runs), len(models), figsize=(6.5 * len(models), 5.2 * len(runs)), squeeze=False)
+    fig, axes = plt.subplots(len(runs), len(models), figsize=(max(6.5 * len(models), 10), 5.2 * len(runs)),
+                             squeeze=False)
     for ax, (run, model) in zip(axes.flat, [(run, model) for run in runs for model in models]):
         links = run["models"][model]
         rates = [results["links"][r]["nominal_mbit_s"] for r in links]

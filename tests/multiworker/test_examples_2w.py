@@ -57,31 +57,55 @@ def test_benchmark_script_smoke(tmp_path):
 
 
 def test_network_benchmark_smoke(tmp_path):
-    """The network benchmark's whole path on the two test hosts over a shaped link, at smoke-run sizes."""
+    """The network benchmark's whole path on the two test hosts over a shaped link, at smoke-run sizes: real
+    compute with a competing CPU-bound process and Horovod's threads left at their priority."""
     require("ip", "tc")
     out = tmp_path / "net"
     job = run_command([sys.executable, str(REPO / "benchmarks" / "network_benchmark.py"), "--quick", "--rates",
-                       "200mbit", "--models", "mlp", "--out", str(out)], tmp_path, timeout=480)
+                       "200mbit", "--models", "mlp", "--inter-op", "1", "--nice", "none", "--competing", "1",
+                       "--out", str(out)], tmp_path, timeout=480)
     if job.returncode != 0:
         job.fail("network_benchmark.py --quick failed")
     results = json.loads((out / "network_benchmark.json").read_text())
     assert (out / "network_benchmark.png").stat().st_size > 10_000
     link = results["links"]["200mbit"]
     assert link["nominal_mbit_s"] == 200 and 0 < link["tcp_mbit_s"] < 250, link
-    # Both threading settings by default: the published one (1 inter-op thread) and TensorFlow's default.
-    assert [run["inter_op"] for run in results["runs"]] == [1, 0]
-    for run in results["runs"]:
-        mlp = run["models"]["mlp"]["200mbit"]
-        assert set(mlp["variants"]) == {"hvdkeras", "hvdkeras_single", "hvdkeras_fp16", "horovod_tape",
-                                        "horovod_keras2"}
-        assert mlp["grad_bytes"] > 3_000_000 and mlp["t_local_ms"] > 0 and mlp["t_comm_ms"] > 0
-        assert mlp["variants"]["hvdkeras"]["after_forward_bound_ms"] >= mlp["t_comm_ms"]
-        # The CPU floor: the local step's and the allreduce's CPU per worker, both measured; the threads'
-        # waiting for a core is read from the kernel.
-        assert mlp["cpu_floor_ms"] == mlp["cpu_local_ms"] + mlp["cpu_comm_ms"] > 0
-        hvdkeras = mlp["variants"]["hvdkeras"]
-        assert hvdkeras["reachable_bound_ms"] == max(hvdkeras["after_forward_bound_ms"], mlp["cpu_floor_ms"])
-        assert hvdkeras["cpu_ms"] > 0 and hvdkeras["wait_ms"] >= 0
+    assert results["competing"] == 1 and results["compute"] == "cpu"
+    assert [(run["inter_op"], run["nice"]) for run in results["runs"]] == [(1, "none")]
+    mlp = results["runs"][0]["models"]["mlp"]["200mbit"]
+    assert set(mlp["variants"]) == {"hvdkeras", "hvdkeras_single", "hvdkeras_fp16", "horovod_tape", "horovod_keras2"}
+    assert mlp["grad_bytes"] > 3_000_000 and mlp["t_local_ms"] > 0 and mlp["t_comm_ms"] > 0
+    assert mlp["variants"]["hvdkeras"]["after_forward_bound_ms"] >= mlp["t_comm_ms"]
+    # The CPU floor: the local step's and the allreduce's CPU per worker, both measured; the threads'
+    # waiting for a core is read from the kernel.
+    assert mlp["cpu_floor_ms"] == mlp["cpu_local_ms"] + mlp["cpu_comm_ms"] > 0
+    hvdkeras = mlp["variants"]["hvdkeras"]
+    assert hvdkeras["reachable_bound_ms"] == max(hvdkeras["after_forward_bound_ms"], mlp["cpu_floor_ms"])
+    assert hvdkeras["cpu_ms"] > 0 and hvdkeras["wait_ms"] >= 0
+
+
+def test_network_benchmark_device_compute_smoke(tmp_path):
+    """--compute device: the model calibrated layer by layer, then its stand-in of timed waits trains and is
+    timed against the same bounds, on the two test hosts; its compute takes no core."""
+    require("ip", "tc")
+    out = tmp_path / "net"
+    job = run_command([sys.executable, str(REPO / "benchmarks" / "network_benchmark.py"), "--quick", "--rates",
+                       "200mbit", "--models", "conv", "--compute", "device", "--inter-op", "4", "--out", str(out)],
+                      tmp_path, timeout=480)
+    if job.returncode != 0:
+        job.fail("network_benchmark.py --quick --compute device failed")
+    results = json.loads((out / "network_device.json").read_text())
+    assert (out / "network_device.png").stat().st_size > 10_000 and results["compute"] == "device"
+    run = results["runs"][0]
+    calibration = run["calibration"]["conv"]
+    assert [t["shapes"] for t in calibration if t["shapes"]][0] == [[3, 3, 3, 32], [32]]
+    assert sum(t["forward_s"] + t["backward_s"] for t in calibration) > 0
+    conv = run["models"]["conv"]["200mbit"]
+    assert set(conv["variants"]) == {"hvdkeras", "hvdkeras_single", "hvdkeras_fp16", "horovod_tape"}
+    assert conv["grad_bytes"] > 3_000_000 and conv["t_comm_ms"] > 0
+    # The local step is the calibrated waits, and most of it takes no CPU.
+    assert conv["t_local_ms"] >= 1e3 * sum(t["forward_s"] + t["backward_s"] for t in calibration) * 0.9
+    assert conv["cpu_local_ms"] < 0.6 * conv["t_local_ms"]
 
 
 def test_step_timeline_smoke(tmp_path):
