@@ -13,6 +13,8 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.hvdkeras-installed
 PYTEST_ARGS ?=
+# lab/ (netlab: the test hosts and Slurm) on a venv's path, for the multi-worker tests and the benchmarks.
+LAB_PTH = -c "import site, sys; open(site.getsitepackages()[0] + '/hvdkeras-lab.pth', 'w').write(sys.argv[1] + '\n')" "$(CURDIR)/lab"
 NETBENCH_ARGS ?=
 
 .PHONY: install lab test test-fast demo bench netbench batchbench shardbench xlabench gpu-build lint clean
@@ -27,8 +29,7 @@ $(STAMP): setup.cfg pyproject.toml scripts/install_horovod.sh Makefile
 	$(PY) -m pip install --quiet "$(TORCH_SPEC)" "$(RAY_SPEC)"
 	$(PY) -m pip install --quiet -e ".[test,examples,dev,torch,spark,ray]"
 	$(PY) -m pip install --quiet --no-deps "$(TF_KERAS_SPEC)"
-	# lab/ (netlab: the test hosts and Slurm) on the venv's path, for the multi-worker tests and the benchmarks.
-	$(PY) -c "import site, sys; open(site.getsitepackages()[0] + '/hvdkeras-lab.pth', 'w').write(sys.argv[1] + '\n')" "$(CURDIR)/lab"
+	$(PY) $(LAB_PTH)
 	$(VENV)/bin/horovodrun --check-build
 	touch $(STAMP)
 
@@ -88,7 +89,7 @@ gpu-build: lab
 	$(GPU_PY) -m pip install --quiet "$(GPU_TF_SPEC)" "keras>=3.0,<4" numpy
 	cuda_home=$$($(GPU_PY) scripts/cuda_toolkit.py $(GPU_PY)) && CUDA_HOME=$$cuda_home bash scripts/install_horovod.sh $(GPU_PY)
 	$(GPU_PY) -m pip install --quiet -e ".[test,examples]"
-	$(GPU_PY) -c "import site, sys; open(site.getsitepackages()[0] + '/hvdkeras-lab.pth', 'w').write(sys.argv[1] + '\n')" "$(CURDIR)/lab"
+	$(GPU_PY) $(LAB_PTH)
 	$(GPU_VENV)/bin/horovodrun --check-build | tee $(GPU_VENV)/check-build.txt
 	grep -q '\[X\] NCCL' $(GPU_VENV)/check-build.txt
 	$(GPU_VENV)/bin/hvdkeras check | tee $(GPU_VENV)/hvdkeras-check.txt

@@ -7,11 +7,10 @@ wheel holds bin/ptxas and nvvm, no bin/nvcc.
 
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
-from . import SCRIPTS, load
+from . import SCRIPTS, layout, load
 
 gpu_build = load("gpu_build")
 SCRIPT = SCRIPTS / "gpu_build.py"
@@ -21,16 +20,7 @@ WHEEL_FILES = [
     "nvidia/cuda_nvcc/bin/ptxas", "nvidia/cuda_nvcc/nvvm/lib64/libnvvm.so",
     "nvidia/cuda_runtime/include/cuda_runtime.h", "nvidia/cuda_runtime/lib/libcudart.so.12",
 ]
-NCCL_H = "#define NCCL_MAJOR 2\n#define NCCL_MINOR 32\n#define NCCL_PATCH 3\n"
 LDCONFIG_WITH_NCCL = "\tlibnccl.so.2 (libc6,x86-64) => /usr/lib/x86_64-linux-gnu/libnccl.so.2\n"
-
-
-def layout(root: Path, files: list[str]) -> Path:
-    for name in files:
-        path = root / name
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(NCCL_H if name.endswith("nccl.h") else "")
-    return root
 
 
 @pytest.fixture

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from . import SCRIPTS
+from . import SCRIPTS, layout
 
 CUDA_TF = '''__version__ = "2.21.0"
 class test:
@@ -21,7 +21,6 @@ class sysconfig:
     get_build_info = staticmethod(lambda: {{"cuda_version": "12.5.1", "is_cuda_build": {cuda},
         "cuda_compute_capabilities": ["sm_60", "sm_70", "sm_80", "sm_89", "compute_90"]}})
 '''
-NCCL_H = "#define NCCL_MAJOR 2\n#define NCCL_MINOR 32\n#define NCCL_PATCH 3\n"
 
 
 def venv(root: Path, cuda: bool, nccl_wheel: bool) -> Path:
@@ -31,10 +30,7 @@ def venv(root: Path, cuda: bool, nccl_wheel: bool) -> Path:
     (site / "tensorflow").mkdir()
     (site / "tensorflow" / "__init__.py").write_text(CUDA_TF.format(cuda=cuda))
     if nccl_wheel:
-        (site / "nvidia" / "nccl" / "include").mkdir(parents=True)
-        (site / "nvidia" / "nccl" / "include" / "nccl.h").write_text(NCCL_H)
-        (site / "nvidia" / "nccl" / "lib").mkdir()
-        (site / "nvidia" / "nccl" / "lib" / "libnccl.so.2").write_text("")
+        layout(site, ["nvidia/nccl/include/nccl.h", "nvidia/nccl/lib/libnccl.so.2"])
     return root / "bin" / "python"
 
 
