@@ -5,13 +5,16 @@
 
 The job forms from the torchrun-style variables the driver sets (RANK, WORLD_SIZE, MASTER_ADDR, ...), through
 hvdkeras's rendezvous, for both kinds. Every variant of every model is built once, warmed up, then timed
-in R interleaved rounds of S steps; a round's figures are the median of its step intervals, and the process's
+in R interleaved rounds of S steps (each round starting one variant further on, so that no variant
+always follows the same one); a round's figures are the median of its step intervals, and the process's
 CPU seconds and seconds waiting for a core per step (all threads). Each rank writes OUT_JSON.rankN.
 
-keras3: local (plain optimizer, no communication), forward (the forward pass and loss alone), comm / comm_fp16
-        (the gradients' grouped allreduce alone), link (one allreduce of the same bytes in one tensor),
-        hvdkeras default / single / fp16 (and hvdkeras_bN: bucket_bytes=N for each N of --sweep), and
-        horovod_tape (Horovod's DistributedGradientTape loop on Keras 3).
+keras3: local (plain optimizer, no communication), forward (the forward pass and loss alone), first_bucket (the
+        forward pass, loss and the gradients of hvdkeras's first bucket: when its first allreduce can start),
+        comm / comm_fp16 (the gradients' grouped allreduce alone), link (one allreduce of the same bytes in one
+        tensor), hvdkeras default / single / fp16 (and hvdkeras_bN: bucket_bytes=N for each N of --sweep),
+        horovod_tape (Horovod's DistributedGradientTape loop on Keras 3), and hvdkeras_loop (hvdkeras's
+        DistributedOptimizer in that same loop instead of `fit`).
 keras2: local and horovod_keras2 (Horovod's DistributedOptimizer on tf-keras, TF_USE_LEGACY_KERAS=1).
 
 --compute device (keras3 only): each model is first timed layer by layer here (both ranks, averaged), then
@@ -28,7 +31,7 @@ import time
 
 import numpy as np
 import tensorflow as tf
-from peer_loops import horovod_tape_step
+from peer_loops import horovod_tape_step, optimizer_step
 
 
 def set_threads(inter_op: int) -> None:
@@ -138,9 +141,10 @@ def measure(runners: dict, steps: int, rounds: int, warmup: int) -> tuple[dict, 
     wall = {name: [] for name in runners}
     cpu = {name: [] for name in runners}
     wait = {name: [] for name in runners}
-    for _ in range(rounds):
-        for name, run in runners.items():
-            w, c, q = run(steps)
+    names = list(runners)
+    for r in range(rounds):
+        for name in names[r % len(names):] + names[:r % len(names)]:
+            w, c, q = runners[name](steps)
             wall[name].append(w)
             cpu[name].append(c)
             wait[name].append(q)
@@ -173,6 +177,13 @@ def device_stand_in(keras, model_name, rank, saved=None):
                 json.dump(dict(known, **{model_name: times}), f, indent=1)
             os.replace(saved + ".tmp", saved)
     return (lambda keras: device_compute.device_model(keras, times, CLASSES)), (CLASSES,), times
+
+
+def first_bucket(variables) -> list[int]:
+    """The indices of the variables in the first bucket hvdkeras's DistributedOptimizer reduces by default."""
+    from hvdkeras import reduction
+
+    return reduction.gradient_buckets(range(len(variables)), variables, reduction.default_bucket_bytes())[0]
 
 
 def keras3_runners(model_name, rank, sweep, compute="cpu", calibration_file=None):
@@ -218,6 +229,17 @@ def keras3_runners(model_name, rank, sweep, compute="cpu", calibration_file=None
     # device-like waits) once while optimizing the graph.
     forward = tf.function(lambda x, y: loss(y, model(x, training=True)))
     runners["forward"] = loop_runner(lambda: float(forward(xb, yb)), barrier)
+    # The same, with the gradients of the first bucket hvdkeras reduces (the model's last layers): no allreduce
+    # can start before they exist.
+    first = [model.trainable_variables[i] for i in first_bucket(model.trainable_variables)]
+
+    @tf.function
+    def first_gradients(x, y):
+        with tf.GradientTape() as tape:
+            value = loss(y, model(x, training=True))
+        return value, tape.gradient(value, first)
+
+    runners["first_bucket"] = loop_runner(lambda: float(first_gradients(xb, yb)[0]), barrier)
 
     variants = {"hvdkeras": {}, "hvdkeras_single": {"bucket_bytes": 0},
                 "hvdkeras_fp16": {"compression": hvd.Compression.fp16}}
@@ -234,6 +256,12 @@ def keras3_runners(model_name, rank, sweep, compute="cpu", calibration_file=None
     it = iter(data)
     tape_step = horovod_tape_step(m, opt, loss)
     runners["horovod_tape"] = loop_runner(lambda: float(tape_step(next(it))), barrier)
+    m = make(keras)
+    opt = hvd.DistributedOptimizer(keras.optimizers.SGD(0.001))
+    opt.build(m.trainable_variables)
+    loop_it = iter(data)
+    loop_step = optimizer_step(m, opt, loss)
+    runners["hvdkeras_loop"] = loop_runner(lambda: float(loop_step(next(loop_it))), barrier)
     return runners, nbytes, calibration
 
 

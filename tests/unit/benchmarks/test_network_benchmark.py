@@ -128,3 +128,37 @@ def test_a_bad_rate_on_the_command_line_is_a_usage_error(capsys):
         nb.main(["--rates", "1gbit,fast"])
     err = capsys.readouterr().err
     assert "error: a link rate is a number and kbit, mbit or gbit" in err and "Received: 'fast'" in err
+
+
+def test_the_first_bucket_bound_starts_communication_when_that_bucket_exists():
+    # The first bucket's gradients exist 5 ms after the forward pass: the best step is 25 + 100 ms.
+    d = nb.derive(t_step=130.0, t_local=100.0, t_comm=100.0, t_forward=20.0, t_first=25.0)
+    assert d["after_forward_bound_ms"] == 120.0 and d["after_first_bucket_bound_ms"] == 125.0
+    assert d["vs_after_first_bucket_bound"] == pytest.approx(130 / 125 - 1)
+    assert nb.derive(110.0, 100.0, 30.0, 20.0, t_first=25.0)["after_first_bucket_bound_ms"] == 100.0  # compute-bound
+    assert "after_first_bucket_bound_ms" not in nb.derive(130.0, 100.0, 100.0, 20.0)
+
+
+def test_each_round_starts_one_variant_further_on():
+    net_worker = load("net_worker")
+    order = []
+
+    def runner(name):
+        def run(steps):
+            order.append(name)
+            return 0.1, 0.0, 0.0
+        return run
+
+    wall, _, _ = net_worker.measure({n: runner(n) for n in "abc"}, steps=2, rounds=4, warmup=1)
+    assert order == [*"abc", *"abc", *"bca", *"cab", *"abc"]  # the warm-up, then the 4 rounds
+    assert wall == {n: [0.1] * 4 for n in "abc"}
+
+
+def test_the_first_bucket_is_the_last_layers_up_to_the_bucket_size():
+    net_worker = load("net_worker")
+    import keras
+
+    model = net_worker.conv_model(keras)
+    shapes = [tuple(model.trainable_variables[i].shape) for i in net_worker.first_bucket(model.trainable_variables)]
+    # The classifier (6.4 KB) is under the 64 KiB default, so the bucket takes the last conv layer too (737 KB).
+    assert shapes == [(10,), (160, 10), (160,), (3, 3, 128, 160)]
