@@ -33,7 +33,9 @@ nothing), all in one run:
 own per-layer times on this machine (device_compute.py): what a GPU host's communication sees, whose cores
 the compute leaves free. Horovod's tf-keras integration has no such stand-in and is left out; the rest is
 the same. The first launch's calibration serves every later one of the run, so every rate and setting waits
-the same times. It writes network_device.json and network_device.png instead.
+the same times; --calibration takes them from an earlier run's network_device.json instead (the published
+run's, so that a run on another day, on a faster or slower machine, waits the same times). It writes
+network_device.json and network_device.png instead.
 
 --nice runs each setting of HVDKERAS_HOROVOD_NICE in turn (default: the job's own, -15 across hosts; none:
 Horovod's threads left alone), and --competing N keeps N CPU-bound processes running on the machine
@@ -282,6 +284,22 @@ def check_link(rate_name: str, nominal: float, nbytes: int, t_link_ms: float) ->
     return {"allreduce_mbit_s": measured / 1e6, "allreduce_vs_nominal": ratio}
 
 
+def read_calibration(parser: argparse.ArgumentParser, path: Path) -> dict:
+    """--calibration: the per-layer times by model ({model: [{name, forward_s, backward_s, shapes}, ...]}) of an
+    earlier run's network_device.json, from its first run."""
+    try:
+        runs = json.loads(path.read_text())["runs"]
+        times = runs[0]["calibration"]
+        if not isinstance(times, dict) or not all(
+                isinstance(layers, list) and all({"forward_s", "backward_s", "shapes"} <= set(t) for t in layers)
+                for layers in times.values()):
+            raise ValueError
+        return times
+    except (OSError, ValueError, KeyError, IndexError, TypeError):
+        parser.error(f"--calibration takes an earlier --compute device run's JSON (network_device.json), whose runs "
+                     f"hold their per-layer times. Received: {str(path)!r}, which is not one")
+
+
 def threads_label(inter_op: int, nice: str = "default") -> str:
     threads = "default inter-op threads" if inter_op == 0 else f"{inter_op} inter-op thread{'s' * (inter_op > 1)}"
     return threads if nice == "default" else f"{threads}, HVDKERAS_HOROVOD_NICE={nice}"
@@ -361,6 +379,10 @@ def main(argv=None) -> int:
                              "configuration, 0 TensorFlow's default (default: %(default)s)")
     parser.add_argument("--compute", choices=["cpu", "device"], default="cpu",
                         help="the models' compute: real (cpu), or device-like timed waits that take no core")
+    parser.add_argument("--calibration", type=Path, default=None, metavar="JSON",
+                        help="--compute device: wait the per-layer times of an earlier run (its network_device.json), "
+                             "so that runs on different days wait the same; a model it lacks is timed here "
+                             "(default: every model timed afresh)")
     parser.add_argument("--nice", default="default", metavar="SETTING,...",
                         help="HVDKERAS_HOROVOD_NICE settings, each run in turn: default, none or a value "
                              "(default: %(default)s)")
@@ -376,6 +398,9 @@ def main(argv=None) -> int:
             parser.error(f"--models takes conv and/or mlp. Received: {model!r}")
     settings = parse_inter_op(parser, args.inter_op)
     nices = parse_nice(parser, args.nice)
+    if args.calibration is not None and args.compute != "device":
+        parser.error(f"--calibration is for --compute device. Received: --compute {args.compute}")
+    calibration = read_calibration(parser, args.calibration) if args.calibration is not None else {}
     if args.competing < 0:
         parser.error(f"--competing takes a count >= 0. Received: {args.competing}")
     env = parse_env(parser, args.env)
@@ -391,6 +416,8 @@ def main(argv=None) -> int:
     from netlab import LabHosts
 
     tmp = Path(tempfile.mkdtemp(prefix="hvdk-netbench-"))
+    if calibration:  # the workers take the times of every model it holds, and time the others
+        (tmp / "calibration.json").write_text(json.dumps(calibration))
     lab = LabHosts(tmp, subnet=78).start()
     results = {"date": datetime.date.today().isoformat(), "machine": f"{platform.machine()}, {os.cpu_count()} cores",
                "quick": args.quick, "steps": args.steps, "rounds": args.rounds, "env": dict(env),

@@ -1,6 +1,8 @@
 """The network benchmark's own arithmetic and its refusal to report a link that is not what it asked for."""
 
 
+import json
+
 import pytest
 
 from . import load
@@ -162,3 +164,19 @@ def test_the_first_bucket_is_the_last_layers_up_to_the_bucket_size():
     shapes = [tuple(model.trainable_variables[i].shape) for i in net_worker.first_bucket(model.trainable_variables)]
     # The classifier (6.4 KB) is under the 64 KiB default, so the bucket takes the last conv layer too (737 KB).
     assert shapes == [(10,), (160, 10), (160,), (3, 3, 128, 160)]
+
+
+def test_a_run_can_wait_an_earlier_runs_calibration(tmp_path, capsys):
+    layers = [{"name": "conv2d", "forward_s": 0.002, "backward_s": 0.003, "shapes": [[3, 3, 3, 32], [32]]}]
+    earlier = tmp_path / "network_device.json"
+    earlier.write_text(json.dumps({"runs": [{"inter_op": 4, "calibration": {"conv": layers}}]}))
+    assert nb.read_calibration(None, earlier) == {"conv": layers}
+
+    for bad in ({"runs": []}, {"conv": layers}, {"runs": [{"calibration": {"conv": [{"name": "x"}]}}]}):
+        earlier.write_text(json.dumps(bad))
+        with pytest.raises(SystemExit):
+            nb.main(["--compute", "device", "--calibration", str(earlier)])
+        assert f"Received: {str(earlier)!r}, which is not one" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        nb.main(["--calibration", str(earlier)])
+    assert "--calibration is for --compute device. Received: --compute cpu" in capsys.readouterr().err
