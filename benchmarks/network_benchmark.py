@@ -257,6 +257,10 @@ def summarize(k3: dict, k2: dict | None, nbytes: int) -> dict:
         out["variants"][v]["spread_ms"] = [k3[v]["min_ms"], k3[v]["max_ms"]]
         out["variants"][v]["cpu_ms"] = k3[v]["cpu_ms"]
         out["variants"][v]["wait_ms"] = k3[v]["wait_ms"]
+        # Against Horovod's tape loop round by round (they run in the same rounds, on the same processes): the
+        # median of the differences, which the machine's drift between rounds affects less than the medians' gap.
+        out["variants"][v]["vs_tape_paired_ms"] = statistics.median(
+            a - b for a, b in zip(k3[v]["rounds_ms"], k3["horovod_tape"]["rounds_ms"]))
     if not k2:
         return out
     out["variants"]["horovod_keras2"] = derive(k2["horovod_keras2"]["median_ms"], k2["local"]["median_ms"], t_comm,

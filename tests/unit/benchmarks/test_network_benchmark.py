@@ -141,6 +141,21 @@ def test_the_first_bucket_bound_starts_communication_when_that_bucket_exists():
     assert "after_first_bucket_bound_ms" not in nb.derive(130.0, 100.0, 100.0, 20.0)
 
 
+def test_each_variant_is_compared_with_the_tape_loop_round_by_round():
+    def t(rounds):
+        return {"median_ms": sorted(rounds)[1], "min_ms": min(rounds), "max_ms": max(rounds), "rounds_ms": rounds,
+                "cpu_ms": 1.0, "wait_ms": 1.0}
+
+    k3 = {"local": t([48, 50, 49]), "comm": t([42, 42, 42]), "comm_fp16": t([30, 30, 30]), "link": t([40, 40, 40]),
+          "forward": t([14, 14, 14]), **{v: t([70, 90, 80]) for v in nb.KERAS3_VARIANTS}}
+    k3["horovod_tape"] = t([69, 88, 81])  # the machine slowed in the second round for both
+    k3["hvdkeras"] = t([71, 91, 80])
+    s = nb.summarize(k3, None, 3_000_000)
+    # The medians are 80 and 81 ms, but hvdkeras was slower in two rounds of three: differences 2, 3 and -1 ms.
+    assert s["variants"]["hvdkeras"]["vs_tape_paired_ms"] == 2
+    assert s["variants"]["horovod_tape"]["vs_tape_paired_ms"] == 0
+
+
 def test_each_round_starts_one_variant_further_on():
     net_worker = load("net_worker")
     order = []
