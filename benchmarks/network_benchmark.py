@@ -340,6 +340,9 @@ def plot(results: dict, path: Path) -> None:
         ax.plot(rates, worst, "k:", lw=1, label="no overlap t_local + t_comm")
         ax.plot(rates, [x["variants"]["hvdkeras"]["reachable_bound_ms"] for x in rows], "k-.", lw=1,
                 label="reachable: max(t_forward + t_comm, t_local, CPU floor)")
+        if "after_first_bucket_bound_ms" in rows[0]["variants"]["hvdkeras"]:
+            ax.plot(rates, [x["variants"]["hvdkeras"]["after_first_bucket_bound_ms"] for x in rows], color="0.45",
+                    lw=1, label="after the first bucket: max(t_first + t_comm, t_local)")
         for i, v in enumerate(v for v in (*KERAS3_VARIANTS, "horovod_keras2") if v in rows[0]["variants"]):
             med = [x["variants"][v]["step_ms"] for x in rows]
             lo = [m - x["variants"][v]["spread_ms"][0] for m, x in zip(med, rows)]
