@@ -217,8 +217,10 @@ def derive(t_step: float, t_local: float, t_comm: float, t_forward: float, cpu_f
     after-first-bucket bound max(t_local, t_first + t_comm): no allreduce starts before that bucket exists."""
     after_forward = max(t_local, t_forward + t_comm)
     reachable = max(after_forward, cpu_floor)
-    first = {} if t_first is None else {"after_first_bucket_bound_ms": max(t_local, t_first + t_comm),
-                                        "vs_after_first_bucket_bound": t_step / max(t_local, t_first + t_comm) - 1}
+    first = {}
+    if t_first is not None:
+        after_first = max(t_local, t_first + t_comm)
+        first = {"after_first_bucket_bound_ms": after_first, "vs_after_first_bucket_bound": t_step / after_first - 1}
     return {**first, "step_ms": t_step, "no_overlap_ms": t_local + t_comm, "perfect_overlap_ms": max(t_local, t_comm),
             "after_forward_bound_ms": after_forward, "reachable_bound_ms": reachable,
             "overlap": (t_local + t_comm - t_step) / min(t_local, t_comm),
