@@ -8,6 +8,7 @@ elements, dropping at most `num_shards - 1` of them (or batches, when sharding a
 from __future__ import annotations
 
 import logging
+import warnings
 from typing import Any, Sequence
 
 import numpy as np
@@ -122,25 +123,30 @@ def check_steps(data: Any, steps_per_epoch: int | None, batch_size: int | None =
         )
 
 
-def check_batched(dataset: Any, input_ranks: Sequence[int]) -> None:
-    """Raises when a dataset's inputs have one dimension less than the model's inputs (no `batch()`).
+def check_batched(dataset: Any, input_ranks: Sequence[int]) -> bool:
+    """Warns when a dataset's inputs have one dimension less than the model's inputs (perhaps no `batch()`).
 
-    Raises:
-        ValueError: the dataset is not batched.
+    Only a guess, so it never refuses: Keras itself accepts such input where the model takes it (a functional
+    model whose `Input((28, 28, 1))` is fed arrays of shape (N, 28, 28) adds the trailing axis), and Keras
+    raises its own error where it does not.
+
+    Returns:
+        Whether it warned.
     """
     if not isinstance(dataset, tf.data.Dataset) or not input_ranks:
-        return
+        return False
     spec = dataset.element_spec
     x_spec = spec[0] if isinstance(spec, tuple) else spec
     import keras
 
     ranks = [len(s.shape) for s in keras.tree.flatten(x_spec) if hasattr(s, "shape") and s.shape.rank is not None]
     if ranks and len(ranks) == len(input_ranks) and all(r == m - 1 for r, m in zip(ranks, input_ranks)):
-        raise ValueError(
-            "fit needs a batched dataset: its inputs have one dimension less than the model's. Call "
-            ".batch(batch_size) on it (after hvdkeras.data.shard). Received: a dataset with "
-            f"element_spec={spec}"
-        )
+        warnings.warn(
+            "hvdkeras: fit's dataset has one dimension less than the model's inputs: if it is not batched, call "
+            ".batch(batch_size) on it (after hvdkeras.data.shard); if the model adds the axis itself, ignore this. "
+            f"Received: a dataset with element_spec={spec}, model input ranks {list(input_ranks)}", stacklevel=3)
+        return True
+    return False
 
 
 def reads_files(dataset: tf.data.Dataset) -> bool:

@@ -439,6 +439,8 @@ def _fit(original, model, *args, **kwargs):
         kwargs["callbacks"] = _with_report(list(kwargs.get("callbacks") or []))
         return original(model, **kwargs)
     _distribute_held_optimizers(model)
+    # The script's own dataset, before arrays become one here: a guess that warns, never refuses.
+    data.check_batched(kwargs.get("x"), _model_input_ranks(model))
     if not opts.no_shard:
         kwargs = _sharded_fit_inputs(kwargs, opts.batch)
     _check_fit_inputs(model, kwargs)
@@ -465,7 +467,6 @@ def _model_input_ranks(model) -> list[int]:
 def _check_fit_inputs(model, kwargs: dict) -> None:
     x = kwargs.get("x")
     if isinstance(x, tf.data.Dataset):
-        data.check_batched(x, _model_input_ranks(model))
         data.check_steps(x, kwargs.get("steps_per_epoch"))
     elif _is_arrays(x):
         data.check_steps(x, kwargs.get("steps_per_epoch"), kwargs.get("batch_size"))
