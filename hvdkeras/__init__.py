@@ -1,7 +1,7 @@
 """hvdkeras: data-parallel training of Keras 3 models on TensorFlow with Horovod.
 
-`import hvdkeras as hvd` is the migration from `horovod.tensorflow.keras`: the same names where the concept
-is the same, working on Keras 3.
+`import hvdkeras as hvd` is the migration from `horovod.tensorflow.keras` and from `horovod.tensorflow`: the
+same names where the concept is the same, working on Keras 3.
 
 Example:
     >>> import hvdkeras as hvd
@@ -27,8 +27,14 @@ _API = {
         "rocm_built", "shutdown", "size", "start_timeline", "stop_timeline",
     ),
     "hvdkeras.collectives": (
-        "Average", "Sum", "allgather", "allgather_object", "allreduce", "broadcast", "broadcast_global_variables",
-        "broadcast_object", "broadcast_variables", "reducescatter",
+        "Average", "Sum", "allgather", "allgather_object", "allreduce", "broadcast", "broadcast_",
+        "broadcast_global_variables", "broadcast_object", "broadcast_variables", "reducescatter",
+    ),
+    "hvdkeras.tape": ("DistributedGradientTape", "PartialDistributedGradientTape"),
+    "hvdkeras.tf2": (
+        "Adasum", "Max", "Min", "Product", "alltoall", "broadcast_object_fn", "gpu_available", "grouped_allgather",
+        "grouped_allreduce", "grouped_reducescatter", "is_homogeneous", "join", "local_rank_op", "local_size_op",
+        "process_set_included_op", "rank_op", "size_op",
     ),
     "hvdkeras.compression": ("Compression",),
     "hvdkeras.learning_rate": ("scale_learning_rate",),

@@ -14,17 +14,25 @@ import tensorflow as tf
 Average = _hvd.Average
 Sum = _hvd.Sum
 Min = _hvd.Min
+Max = _hvd.Max
+Product = _hvd.Product
+Adasum = _hvd.Adasum
 REDUCE_OPS = {Average: "Average", Sum: "Sum"}
+OP_NAMES = {**REDUCE_OPS, Min: "Min", Max: "Max", Product: "Product", Adasum: "Adasum"}
 
 
-def check_op(op: Any) -> int:
-    """Validates a reduction op (hvdkeras.Average or hvdkeras.Sum).
+def check_op(op: Any, allowed: Any = tuple(REDUCE_OPS)) -> int:
+    """Validates a reduction op: hvdkeras.Average or hvdkeras.Sum (for gradients), or one of `allowed`.
 
     Raises:
-        ValueError: any other value.
+        ValueError: any other value; Adasum, which needs an MPI build of Horovod, says what to use instead.
     """
-    if op not in REDUCE_OPS or isinstance(op, bool):
-        raise ValueError(f"`op` must be hvdkeras.Average or hvdkeras.Sum. Received: op={op!r}")
+    if isinstance(op, bool) or op not in allowed:
+        names = " or ".join(f"hvdkeras.{OP_NAMES[o]}" for o in allowed)
+        hint = (" hvdkeras runs Horovod over Gloo, and Adasum needs Horovod's MPI build and its own optimizer "
+                "scaling: use op=hvdkeras.Average.") if op == Adasum and not isinstance(op, bool) else ""
+        shown = OP_NAMES.get(op, repr(op)) if not isinstance(op, bool) else repr(op)
+        raise ValueError(f"`op` must be {names}.{hint} Received: op={shown}")
     return op
 
 
@@ -156,21 +164,50 @@ def reducescatter(tensor: tf.Tensor, op: int = Average, name: str | None = None,
 
 
 def grouped_reducescatter(tensors: Sequence[tf.Tensor], op: int = Average, name: str | None = None,
-                          process_set: Any = global_process_set) -> list[tf.Tensor]:
+                          process_set: Any = global_process_set, prescale_factor: float = 1.0,
+                          postscale_factor: float = 1.0) -> list[tf.Tensor]:
     """One fused reduce-scatter of same-dtype tensors, named (Horovod's public grouped_reducescatter takes no
     name, and collectives are matched across processes by name)."""
     _require_init()
     from horovod.tensorflow import mpi_ops
 
     return list(mpi_ops._grouped_reducescatter(list(tensors), name=name, op=op, ignore_name_scope=name is not None,
-                                               process_set=process_set))
+                                               process_set=process_set, prescale_factor=prescale_factor,
+                                               postscale_factor=postscale_factor))
 
 
-def alltoall(tensor: tf.Tensor, name: str | None = None, process_set: Any = global_process_set) -> tf.Tensor:
-    """Sends the i-th of `size` equal parts of `tensor`'s first dimension to worker i; returns the parts
-    received from every worker, in rank order."""
+def alltoall(tensor: tf.Tensor, name: str | None = None, process_set: Any = global_process_set,
+             splits: Any = None) -> Any:
+    """Sends the i-th of `size` equal parts of `tensor`'s first dimension to worker i (or `splits[i]` rows);
+    returns the parts received from every worker, in rank order, and with `splits` also how many rows came
+    from each."""
     _require_init()
-    return _hvd.alltoall(tensor, name=name, ignore_name_scope=name is not None, process_set=process_set)
+    return _hvd.alltoall(tensor, splits=splits, name=name, ignore_name_scope=name is not None,
+                         process_set=process_set)
+
+
+def grouped_allgather(tensors: Sequence[tf.Tensor], name: str | None = None,
+                      process_set: Any = global_process_set) -> list[tf.Tensor]:
+    _require_init()
+    return list(_hvd.grouped_allgather(list(tensors), name=name, ignore_name_scope=name is not None,
+                                       process_set=process_set))
+
+
+def op(which: str, **kwargs: Any) -> tf.Tensor:
+    """Horovod's graph op `which` (rank_op, size_op, local_rank_op, local_size_op, process_set_included_op)."""
+    _require_init()
+    return getattr(_hvd, which)(**kwargs)
+
+
+def join(device: str = "") -> tf.Tensor:
+    _require_init()
+    with tf.device(device):
+        return _hvd.join()
+
+
+def is_homogeneous() -> bool:
+    _require_init()
+    return bool(_hvd.is_homogeneous())
 
 
 def allgather(tensor: tf.Tensor, name: str | None = None, process_set: Any = global_process_set) -> tf.Tensor:
@@ -184,11 +221,13 @@ def broadcast(tensor: tf.Tensor, root_rank: int, name: str | None = None,
     return _hvd.broadcast(tensor, root_rank, name=name, ignore_name_scope=name is not None, process_set=process_set)
 
 
-def broadcast_variables(variables: Sequence[tf.Variable], root_rank: int) -> None:
+def broadcast_variables(variables: Sequence[tf.Variable], root_rank: int,
+                        process_set: Any = global_process_set) -> None:
     """Broadcasts tf.Variables in place: one broadcast per dtype of all variables packed together.
 
     Packing avoids one collective per variable, and the explicit names do not depend on how each process
     named its variables or traced its functions (a process that created extra models has other names).
+    Works eagerly and inside tf.function.
     """
     _require_init()
     by_dtype: dict = {}
@@ -197,9 +236,8 @@ def broadcast_variables(variables: Sequence[tf.Variable], root_rank: int) -> Non
     for dtype in sorted(by_dtype, key=lambda d: d.name):
         group = by_dtype[dtype]
         flat = tf.concat([tf.reshape(v, [-1]) for v in group], axis=0)
-        flat = _hvd.broadcast(
-            flat, root_rank, name=f"hvdkeras.broadcast_variables.{dtype.name}", ignore_name_scope=True
-        )
+        flat = _hvd.broadcast(flat, root_rank, name=f"hvdkeras.broadcast_variables.{dtype.name}",
+                              ignore_name_scope=True, process_set=process_set)
         offset = 0
         for var in group:
             n = int(var.shape.num_elements())

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from hvdkeras import _collectives as C
-from hvdkeras import patches, sync_batch_norm
+from hvdkeras import patches, sync_batch_norm, tf2
 from hvdkeras.job import lifecycle
 from hvdkeras.job.lifecycle import pin_gpu
 
@@ -39,15 +39,17 @@ def init(comm: Any = None, process_sets: Any = None, pin_gpus: bool = True) -> N
     """
     lifecycle.start(comm, process_sets)
     sync_batch_norm.install()
+    tf2.install_variables_call()
     if pin_gpus:
         pin_gpu(C.local_rank(), C.local_size())
 
 
 def shutdown() -> None:
     """Shuts Horovod down (and rank 0's rendezvous, where hvdkeras formed the job), and undoes the Keras
-    patch that `init()` installed."""
+    patches that `init()` installed."""
     lifecycle.stop()
     patches.uninstall("sync_batch_norm")
+    patches.uninstall("optimizer_variables_call")
 
 
 # Horovod's own functions and objects, unchanged.

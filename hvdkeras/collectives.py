@@ -20,13 +20,17 @@ Average = C.Average
 Sum = C.Sum
 
 
-def _op_from(average: Any, op: Any) -> int:
+# The ops a tensor (not a gradient) may be all-reduced with, as in Horovod.
+TENSOR_OPS = (C.Average, C.Sum, C.Min, C.Max, C.Product)
+
+
+def op_from(average: Any, op: Any, allow: Any = TENSOR_OPS) -> int:
     """Horovod's rule: `average` (deprecated) and `op` exclude each other; neither means Average."""
     if average is not None and op is not None:
         raise ValueError(f"Pass `op` or the deprecated `average`, not both. Received: average={average!r}, op={op!r}")
     if average is not None:
         return C.Average if average else C.Sum
-    return C.Average if op is None else C.check_op(op)
+    return C.Average if op is None else C.check_op(op, allow)
 
 
 def allreduce(
@@ -38,6 +42,10 @@ def allreduce(
     op: int | None = None,
     compression: Any = _compression.Compression.none,
     process_set: Any = C.global_process_set,
+    *,
+    device_dense: str = "",
+    device_sparse: str = "",
+    ignore_name_scope: bool = False,
 ) -> tf.Tensor:
     """Averages (or sums) a tensor across all workers (Horovod's `hvd.allreduce`, same parameters).
 
@@ -47,9 +55,12 @@ def allreduce(
         average: deprecated, as in Horovod: True is op=Average, False op=Sum.
         prescale_factor: multiply by this before the reduction.
         postscale_factor: multiply by this after the reduction.
-        op: `hvdkeras.Average` (the default) or `hvdkeras.Sum`.
+        op: `hvdkeras.Average` (the default), `hvdkeras.Sum`, `hvdkeras.Min`, `hvdkeras.Max` or
+            `hvdkeras.Product`.
         compression: `hvdkeras.Compression.none` or `.fp16`.
         process_set: reduce among the ranks of this `hvdkeras.ProcessSet` only (default: all).
+        device_dense, device_sparse, ignore_name_scope: keyword only, horovod.tensorflow's; `device_dense`
+            places the reduction, the other two change nothing here (names are always taken as given).
 
     Returns:
         A tensor with the reduced value, the same on every worker.
@@ -58,28 +69,38 @@ def allreduce(
         >>> hvd.allreduce([0.2, -0.1, 0.5])  # with [0.4, 0.0, 0.3] on the other worker
         <tf.Tensor: [0.3, -0.05, 0.4]>
     """
-    op = _op_from(average, op)
+    op = op_from(average, op)
     compressor = _compression.get(compression)
     t = to_tensor(value)
     sent, ctx = compressor.compress(t)
-    out = C.allreduce(sent, op=op, prescale_factor=prescale_factor, postscale_factor=postscale_factor, name=name,
-                      process_set=process_set)
+    with tf.device(device_dense):
+        out = C.allreduce(sent, op=op, prescale_factor=prescale_factor, postscale_factor=postscale_factor,
+                          name=name, process_set=process_set)
     return compressor.decompress(out, ctx)
 
 
 def reducescatter(value: Any, name: str | None = None, op: int = Average,
-                  process_set: Any = C.global_process_set) -> tf.Tensor:
-    """Reduces a tensor across workers and gives each its slice of the first axis (Horovod's reducescatter)."""
-    return C.reducescatter(to_tensor(value), op=C.check_op(op), name=name, process_set=process_set)
+                  process_set: Any = C.global_process_set, *, device_dense: str = "",
+                  compression: Any = _compression.Compression.none, ignore_name_scope: bool = False,
+                  prescale_factor: float = 1.0, postscale_factor: float = 1.0) -> tf.Tensor:
+    """Reduces a tensor across workers and gives each its slice of the first axis (Horovod's reducescatter;
+    the keyword-only parameters are horovod.tensorflow's)."""
+    compressor = _compression.get(compression)
+    sent, ctx = compressor.compress(to_tensor(value))
+    with tf.device(device_dense):
+        out = C.grouped_reducescatter([sent], op=C.check_op(op), name=name, process_set=process_set,
+                                      prescale_factor=prescale_factor, postscale_factor=postscale_factor)[0]
+    return compressor.decompress(out, ctx)
 
 
-def allgather(value: Any, name: str | None = None, process_set: Any = C.global_process_set) -> tf.Tensor:
+def allgather(value: Any, name: str | None = None, process_set: Any = C.global_process_set, *,
+              ignore_name_scope: bool = False) -> tf.Tensor:
     """Concatenates every worker's tensor along the first axis (first dimensions may differ)."""
     return C.allgather(to_tensor(value), name=name, process_set=process_set)
 
 
 def broadcast(value: Any, root_rank: int = 0, name: str | None = None,
-              process_set: Any = C.global_process_set) -> tf.Tensor:
+              process_set: Any = C.global_process_set, *, ignore_name_scope: bool = False) -> tf.Tensor:
     """Returns root_rank's value of `value` on every worker."""
     _check_root_rank(root_rank)
     return C.broadcast(to_tensor(value), root_rank, name=name, process_set=process_set)
@@ -207,31 +228,48 @@ def check_in_sync(variables: Sequence[Any], when: str, hint: str = "") -> None:
                     "HVDKERAS_CHECK_MODELS=0.")
 
 
-def broadcast_variables(variables: Iterable[Any], root_rank: int = 0, check: bool | None = None) -> None:
-    """Sets every worker's variables to root_rank's values, in place.
+def broadcast_variables(variables: Iterable[Any], root_rank: int = 0, process_set: Any = C.global_process_set,
+                        inplace: bool = False, *, check: bool | None = None) -> None:
+    """Sets every worker's variables to root_rank's values, in place (Horovod's `broadcast_variables`).
 
-    Works with Keras 3 `keras.Variable`s (which have no `.ref()`) and with `tf.Variable`s. First checks that
-    every worker holds the same variables (shapes and dtypes), so different models fail at once with the
-    first variable that differs instead of hanging or failing later in a collective.
+    Works with Keras 3 `keras.Variable`s (which have no `.ref()`), a Keras 3 optimizer's variables and
+    `tf.Variable`s, eagerly and inside `tf.function` (Horovod's TF2 loop broadcasts on its first step, after the
+    optimizer has made its state). Eagerly, it first checks that every worker holds the same variables (shapes
+    and dtypes), so different models fail at once with the first variable that differs instead of hanging or
+    failing later in a collective; inside `tf.function` that check is left out (it exchanges Python objects).
 
     Args:
         variables: the variables, in the same order on every worker.
         root_rank: the worker whose values are kept.
-        check: compare the workers' variables first; default True unless HVDKERAS_CHECK_MODELS=0.
+        process_set: broadcast among the ranks of this `hvdkeras.ProcessSet` only (default: all).
+        inplace: Horovod's choice between its in-place and its assigning broadcast; both give the same values,
+            and hvdkeras always assigns (one broadcast per dtype of all the variables packed together).
+        check: keyword only; compare the workers' variables first (eagerly); default True unless
+            HVDKERAS_CHECK_MODELS=0.
 
     Raises:
         ValueError: the workers' variables differ (see `check_same_variables`), or a bad root_rank.
 
     Example:
         >>> hvd.broadcast_variables(model.variables, root_rank=0)
+        >>> hvd.broadcast_variables(optimizer.variables, root_rank=0)
     """
     _check_root_rank(root_rank)
     variables = list(variables)
     if check is None:
         check = settings.read().check_models
-    if check:
+    if check and tf.executing_eagerly() and process_set is C.global_process_set:
         check_same_variables(variables)
-    C.broadcast_variables([tf_variable(v) for v in variables], root_rank)
+    C.broadcast_variables([tf_variable(v) for v in variables], root_rank, process_set=process_set)
+
+
+def broadcast_(variables: Iterable[Any], root_rank: int, name: str | None = None,
+               process_set: Any = C.global_process_set) -> None:
+    """Horovod's in-place broadcast of variables: every worker's `variables` take root_rank's values.
+
+    `name` is accepted for Horovod's signature; the broadcast is named by its dtype, the same on every worker.
+    """
+    broadcast_variables(variables, root_rank, process_set=process_set, inplace=True)
 
 
 broadcast_object = C.broadcast_object

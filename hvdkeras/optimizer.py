@@ -17,7 +17,6 @@ import keras
 import numpy as np
 import tensorflow as tf
 from keras.optimizers import LossScaleOptimizer
-from tensorflow.python.ops import control_flow_util
 
 from hvdkeras import _collectives as C
 from hvdkeras import compression as _compression
@@ -26,7 +25,7 @@ from hvdkeras._checks import check_number
 from hvdkeras.learning_rate import as_float
 from hvdkeras.reduction import ReductionOptions
 from hvdkeras.strategy import check_strategy
-from hvdkeras.variables import var_id
+from hvdkeras.variables import VariableList, var_id
 
 log = logging.getLogger("hvdkeras")
 
@@ -51,10 +50,6 @@ def _check_inner(optimizer: Any) -> None:
     lr = getattr(unwrap(optimizer), "_learning_rate", None)
     if isinstance(lr, keras.Variable):
         check_number("learning_rate", as_float(lr), what="a number (the optimizer's learning rate)")
-
-
-def _in_xla_context() -> bool:
-    return bool(control_flow_util.GraphOrParentsInXlaContext(tf.compat.v1.get_default_graph()))
 
 
 def _wants_loss_scaling(optimizer: Any) -> bool:
@@ -234,7 +229,7 @@ class DistributedOptimizer(keras.optimizers.Optimizer, metaclass=_Factory):
     def variables(self):
         """The inner optimizer's variables, then (only with backward_passes_per_step > 1) the accumulators."""
         extra = [self._pass_counter, *self._accumulators] if self._pass_counter is not None else []
-        return self.inner_optimizer.variables + extra
+        return VariableList(self.inner_optimizer.variables + extra)
 
     def save_own_variables(self, store):
         # Only the inner optimizer's state: the file is what a plain Keras optimizer saves and loads.
@@ -411,7 +406,7 @@ class DistributedOptimizer(keras.optimizers.Optimizer, metaclass=_Factory):
                 f"Received: {len(grads)} gradients for {len(trainable_variables)} variables"
             )
         check_strategy()
-        if _in_xla_context():
+        if reduction.in_xla_context():
             raise RuntimeError(
                 "Horovod's collectives cannot be compiled by XLA, and this optimizer is being traced inside "
                 "an XLA-compiled function. Pass an hvdkeras callback (BroadcastGlobalVariablesCallback, "

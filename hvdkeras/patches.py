@@ -6,6 +6,8 @@ Importing hvdkeras changes nothing in Keras. The patches, by name:
   first `DistributedOptimizer(...)`.
 - "sync_batch_norm" (`sync_batch_norm.install`): `keras.layers.BatchNormalization._moments` synchronizes
   layers made with `synchronized=True` across the workers. Installed by `init()`.
+- "optimizer_variables_call" (`tf2.install_variables_call`): a Keras 3 optimizer's `variables` list may also be
+  called, as Keras 2's `optimizer.variables()` (Horovod's TF2 loop calls it). Installed by `init()`.
 - "wrap" (`wrap.install`): `keras.Model.compile`, `compile_from_config`, `fit`, `evaluate`, `predict`,
   `save`, `save_weights` and `export` (set on the Keras classes that define them) make an unmodified
   script data-parallel. Installed by `python -m hvdkeras` / `hvdkeras run` only, with the two below.
@@ -15,7 +17,7 @@ Importing hvdkeras changes nothing in Keras. The patches, by name:
 - "tf_distribute" (`strategy.install`): `tf.distribute.MultiWorkerMirroredStrategy` (and its experimental
   name) become a MirroredStrategy over the process's own devices.
 
-`uninstall(name)` restores the attributes a patch replaced; `hvdkeras.shutdown()` undoes the one `init()`
+`uninstall(name)` restores the attributes a patch replaced; `hvdkeras.shutdown()` undoes the ones `init()`
 installed.
 """
 

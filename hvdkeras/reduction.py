@@ -9,9 +9,11 @@ It knows nothing of optimizers or Keras models: the optimizer calls it from `app
 from __future__ import annotations
 
 import dataclasses
+import weakref
 from typing import Any, Sequence
 
 import tensorflow as tf
+from tensorflow.python.ops import control_flow_util
 
 from hvdkeras import _collectives as C
 from hvdkeras import compression as _compression
@@ -139,6 +141,9 @@ def numel(var: Any) -> int:
 
 
 def _nbytes(var: Any) -> int:
+    # A watched tensor of a tape may have an unknown dimension (the batch): it adds nothing to its bucket's fill.
+    if not tf.TensorShape(var.shape).is_fully_defined():
+        return 0
     return numel(var) * tf.as_dtype(var.dtype).size
 
 
@@ -210,21 +215,41 @@ def dense_groups(dense: Sequence[int], variables: Sequence[Any], options: Reduct
 
 
 # ----------------------------------------------------------------------------------------------- reducing
+# The gradients reduce_gradients returned, by id, while they live: a DistributedGradientTape's gradients handed
+# to a DistributedOptimizer are not reduced a second time (with op=Sum that would multiply them by the workers).
+_reduced: "weakref.WeakValueDictionary[int, Any]" = weakref.WeakValueDictionary()
+
+
+def is_reduced(grad: Any) -> bool:
+    """Whether `grad` is a gradient that reduce_gradients returned (already the same on every worker)."""
+    return grad is not None and _reduced.get(id(grad)) is grad
+
+
+def in_xla_context() -> bool:
+    """Whether the code being traced is inside an XLA-compiled function (where Horovod's ops cannot be)."""
+    return bool(control_flow_util.GraphOrParentsInXlaContext(tf.compat.v1.get_default_graph()))
+
+
 def reduce_gradients(grads: Sequence[Any], variables: Sequence[Any], options: ReductionOptions,
-                     local: frozenset[int] | set[int] = frozenset()) -> list:
+                     local: frozenset[int] | set[int] = frozenset(), name: str = "hvdkeras.gradients") -> list:
     """All-reduces a list of gradients (None entries pass through) and returns the reduced list.
+
+    The optimizer and the tape both reduce through here. A gradient this function returned before (a tape's,
+    passed on to a DistributedOptimizer) passes through as it is.
 
     Args:
         grads: one gradient (a tensor, a tf.IndexedSlices or None) per variable.
-        variables: the variables, in the same order.
+        variables: the variables (or watched tensors), in the same order.
         options: how to reduce.
         local: `var_id`s of variables whose gradients stay on each worker (divided by the number of workers
             when `options.scale_local_gradients`).
+        name: the collectives' name prefix: the same on every worker, and distinct for reductions that may run
+            at the same time (Horovod matches collectives by name).
     """
     out = list(grads)
     dense, sparse = [], []
     for i, g in enumerate(out):
-        if g is None:
+        if g is None or is_reduced(g):
             continue
         if local and var_id(variables[i]) in local:
             if options.scale_local_gradients:
@@ -239,9 +264,11 @@ def reduce_gradients(grads: Sequence[Any], variables: Sequence[Any], options: Re
         else:
             dense.append(i)
     for k, group in enumerate(dense_groups(dense, variables, options)):
-        _reduce_dense(out, group, options, name=f"hvdkeras.gradients.{k}")
+        _reduce_dense(out, group, options, name=f"{name}.{k}")
     for i in sparse:
-        out[i] = _reduce_sparse(out[i], options, name=f"hvdkeras.gradients.sparse.{i}")
+        out[i] = _reduce_sparse(out[i], options, name=f"{name}.sparse.{i}")
+    for i in [*dense, *sparse]:
+        _reduced[id(out[i])] = out[i]
     return out
 
 

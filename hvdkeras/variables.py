@@ -36,3 +36,11 @@ def to_tensor(value: Any) -> tf.Tensor:
         return tf.convert_to_tensor(tf_variable(value))
     except TypeError:
         return tf.convert_to_tensor(value)
+
+
+class VariableList(list):
+    """A list of variables that may also be called, returning a copy: Keras 2's `optimizer.variables()` was a
+    method, Keras 3's `optimizer.variables` is a list, and scripts written for either keep working."""
+
+    def __call__(self) -> list:
+        return list(self)

@@ -7,17 +7,27 @@ import pytest
 from hvdkeras import collectives
 
 
-@pytest.mark.parametrize("op", [3, "average", True])
+@pytest.mark.parametrize("op", [7, "average", True])
 def test_bad_op(hvd, op):
     with pytest.raises(ValueError, match="Received: op="):
         hvd.allreduce([1.0], op=op)
 
 
-def test_op_and_deprecated_average_follow_horovod(hvd):
-    from hvdkeras.collectives import _op_from
+def test_tensor_ops_beyond_average_and_sum_as_in_horovod(hvd):
+    for op in (hvd.Min, hvd.Max, hvd.Product):
+        np.testing.assert_allclose(hvd.allreduce([1.5, -2.0], op=op).numpy(), [1.5, -2.0])
+    with pytest.raises(ValueError, match="Adasum needs Horovod's MPI build.*use op=hvdkeras.Average. "
+                                         "Received: op=Adasum"):
+        hvd.allreduce([1.0], op=hvd.Adasum)
+    with pytest.raises(ValueError, match="must be hvdkeras.Average or hvdkeras.Sum. Received: op=Max"):
+        hvd.DistributedOptimizer(keras.optimizers.SGD(), op=hvd.Max)  # gradients: Average or Sum only
 
-    assert _op_from(None, None) == hvd.Average and _op_from(True, None) == hvd.Average
-    assert _op_from(False, None) == hvd.Sum and _op_from(None, hvd.Sum) == hvd.Sum
+
+def test_op_and_deprecated_average_follow_horovod(hvd):
+    from hvdkeras.collectives import op_from
+
+    assert op_from(None, None) == hvd.Average and op_from(True, None) == hvd.Average
+    assert op_from(False, None) == hvd.Sum and op_from(None, hvd.Sum) == hvd.Sum
     with pytest.raises(ValueError, match="not both. Received: average=True, op=1"):
         hvd.allreduce([1.0], average=True, op=hvd.Sum)
     np.testing.assert_allclose(hvd.allreduce([2.0], None, False).numpy(), [2.0])  # Horovod's positional order
