@@ -47,6 +47,22 @@ _API = {
 # not run the version check, which imports TensorFlow.
 _PLAIN = frozenset({"cli", "failures", "settings"})
 _WHERE = {name: module for module, names in _API.items() for name in names}
+# horovod.tensorflow's names that hvdkeras does not provide, and what to use instead (docs/migrating.md).
+_INSTEAD = {
+    "LocalGradientAggregationHelper": "Horovod's internal gradient accumulation: pass backward_passes_per_step "
+                                      "to hvdkeras.DistributedOptimizer",
+    "check_extension": "Horovod's check of its own build: use hvdkeras.gloo_built(), hvdkeras.nccl_built() and "
+                       "the other *_built() functions, or `hvdkeras check`",
+    "check_num_rank_power_of_2": "a check for Horovod's Adasum, which hvdkeras does not run (it needs an MPI "
+                                 "build): use op=hvdkeras.Average",
+    "handle_average_backwards_compatibility": "Horovod's internal handling of the deprecated `average`: "
+                                              "hvdkeras.allreduce takes `average` and `op` as Horovod does",
+    "split_list": "a Horovod internal helper with no distributed meaning: split the list in the script",
+    "vars_to_refs": "Keras 3 variables have no .ref(); hvdkeras identifies variables itself, so pass the "
+                    "variables as they are",
+    "refs_to_vars": "Keras 3 variables have no .ref(); hvdkeras identifies variables itself, so pass the "
+                    "variables as they are",
+}
 __all__ = sorted([*_WHERE, "callbacks", "data", "elastic"])
 _checked = False
 
@@ -74,6 +90,8 @@ def __getattr__(name: str):
         if name not in _PLAIN:
             _check_installed_once()
         value = importlib.import_module(f"hvdkeras.{name}")
+    elif name in _INSTEAD:
+        raise AttributeError(f"hvdkeras has no {name!r} (horovod.tensorflow.{name}): {_INSTEAD[name]}.")
     else:
         raise AttributeError(f"module 'hvdkeras' has no attribute {name!r}")
     globals()[name] = value

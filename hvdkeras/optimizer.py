@@ -415,10 +415,11 @@ class DistributedOptimizer(keras.optimizers.Optimizer, metaclass=_Factory):
                 "with jit_compile=False, or keep DistributedOptimizer.apply outside "
                 "tf.function(jit_compile=True)."
             )
-        if self.backward_passes_per_step == 1:
-            self._reduce_and_apply(grads, trainable_variables)
-        else:
-            self._accumulate_and_apply(grads, trainable_variables)
+        with reduction.reducing():
+            if self.backward_passes_per_step == 1:
+                self._reduce_and_apply(grads, trainable_variables)
+            else:
+                self._accumulate_and_apply(grads, trainable_variables)
 
     def _accumulate_and_apply(self, grads, trainable_variables):
         accs = [self._accumulators[self._get_variable_index(v)] for v in trainable_variables]

@@ -8,7 +8,9 @@ It knows nothing of optimizers or Keras models: the optimizer calls it from `app
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import threading
 import weakref
 from typing import Any, Sequence
 
@@ -223,6 +225,25 @@ _reduced: "weakref.WeakValueDictionary[int, Any]" = weakref.WeakValueDictionary(
 def is_reduced(grad: Any) -> bool:
     """Whether `grad` is a gradient that reduce_gradients returned (already the same on every worker)."""
     return grad is not None and _reduced.get(id(grad)) is grad
+
+
+_depth = threading.local()
+
+
+@contextlib.contextmanager
+def reducing():
+    """Marks an optimizer's `apply` that reduces its gradients: an optimizer it calls inside (the optimizer a
+    DistributedOptimizer or a LossScaleOptimizer wraps) gets them reduced already."""
+    _depth.value = getattr(_depth, "value", 0) + 1
+    try:
+        yield
+    finally:
+        _depth.value -= 1
+
+
+def inside_reduction() -> bool:
+    """Whether this code runs inside an optimizer's `apply` that reduces (see `reducing`)."""
+    return getattr(_depth, "value", 0) > 0
 
 
 def in_xla_context() -> bool:

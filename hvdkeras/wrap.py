@@ -32,11 +32,12 @@ import tensorflow as tf
 
 from hvdkeras import _collectives as C
 from hvdkeras import callbacks as hvd_callbacks
-from hvdkeras import data, keras_output, patches, rank_zero, saving, settings, strategy, sync_batch_norm
+from hvdkeras import data, keras_output, loops, patches, rank_zero, saving, settings, strategy, sync_batch_norm
 from hvdkeras.compression import Compression
 from hvdkeras.learning_rate import as_float, scale_factor, scale_learning_rate
 from hvdkeras.models import consolidate_optimizer_state, held_optimizers, prepare_xla, sharded_optimizers
 from hvdkeras.optimizer import DistributedOptimizer, unwrap
+from hvdkeras.reduction import ReductionOptions
 
 log = logging.getLogger("hvdkeras")
 
@@ -104,6 +105,7 @@ def install(options: Options | None = None) -> None:
                              for name, replacement in replacements])
     keras_output.install()
     strategy.install()
+    loops.install(ReductionOptions(compression=Compression.fp16 if _opts().fp16_allreduce else Compression.none))
 
 
 def _owner(name: str) -> type:
@@ -130,6 +132,7 @@ def uninstall() -> None:
     patches.uninstall("wrap")
     keras_output.uninstall()
     strategy.uninstall()
+    loops.uninstall()
     _state["options"] = None
 
 

@@ -33,7 +33,13 @@ LOSS_FACTOR, LOSS_SLACK = 1.25, 0.01
 # Training with randomness or batch statistics of its own: dropout, noise, BatchNormalization, a GAN's and a
 # VAE's sampling. The rest is deterministic, and under the global batch two workers train as one process.
 RANDOM = {"convnet_tf_data", "gan", "vae"}
-DETERMINISTIC = [name for name in PATTERNS if name not in RANDOM]
+# Custom training loops (loop_*.py): the script's own loop, not fit; they print their own lines, "loop: ...",
+# on every rank. Horovod's TF2 pattern shards the data per worker itself (each worker's batch is the script's,
+# so the global batch is N times it), as Horovod documents: it trains one model, but not one process's.
+LOOPS = [name for name in PATTERNS if name.startswith("loop_")]
+PER_WORKER = {"loop_horovod_tape"}
+FIT = [name for name in PATTERNS if name not in LOOPS]
+DETERMINISTIC = [name for name in PATTERNS if name not in RANDOM | PER_WORKER]
 SAME_LOSS_RTOL = 1e-4
 # What only Keras prints: its summary table and a callback's message (standard output), a warning raised in
 # Keras's own code (standard error). horovodrun forwards each rank's two streams apart, so a line of standard
@@ -85,7 +91,9 @@ def test_the_corpus_covers_the_patterns_users_write():
                    "validation_split", "early_stopping", "reduce_lr_on_plateau", "checkpoint_then_load_model",
                    "fit_in_a_loop", "py_dataset", "steps_per_execution", "mirrored_strategy_checkpoint",
                    "loss_inside_model", "embedding_lstm", "fit_predict_fit", "tf_numpy_layers",
-                   "no_trainable_weights", "multi_worker_mirrored_strategy", "one_device_and_default_strategy"):
+                   "no_trainable_weights", "multi_worker_mirrored_strategy", "one_device_and_default_strategy",
+                   "loop_eager", "loop_tf_function", "loop_gan", "loop_strategy_run", "loop_mixed_float16",
+                   "loop_numpy_slices", "loop_horovod_tape"):
         assert needed in PATTERNS
 
 
@@ -105,7 +113,7 @@ def test_same_files_as_one_process_written_by_rank0_only(corpus, name):
     assert two[1]["writes"] == [], f"rank 1 wrote {two[1]['writes']}"
 
 
-@pytest.mark.parametrize("name", PATTERNS)
+@pytest.mark.parametrize("name", FIT)
 def test_progress_printed_once(corpus, name):
     assert any(is_progress(line) for line in corpus["one_lines"].get((0, name), []))
     assert any(is_progress(line) for line in corpus["two_lines"].get((0, name), [])), "rank 0 printed no progress"
@@ -130,6 +138,25 @@ def test_final_loss_close_to_one_process(corpus, name):
 def test_global_batch_trains_as_one_process(corpus, name):
     one, two = corpus["one"][name]["loss"], corpus["two"][0][name]["loss"]
     assert two == pytest.approx(one, rel=SAME_LOSS_RTOL), f"{name}: two workers {two!r}, one process {one!r}"
+
+
+def _loop_lines(lines: list[str]) -> list[str]:
+    return [line for line in lines if line.startswith("loop: ")]
+
+
+@pytest.mark.parametrize("name", [n for n in LOOPS if n not in PER_WORKER])
+def test_loops_print_what_one_process_prints(corpus, name):
+    # The loop's own numbers (its loss, its Keras metrics' results, per epoch) on both ranks are one process's.
+    one = _loop_lines(corpus["one_lines"].get((0, name), []))
+    assert len(one) >= 3
+    for rank in (0, 1):
+        assert _loop_lines(corpus["two_lines"].get((rank, name), [])) == one, f"rank {rank}"
+
+
+def test_loop_data_not_split_is_said_once_by_rank0(corpus):
+    said = [rank for rank, line in _ranked(corpus["jobs"]["two"].output) if "the loop's data is not split" in line]
+    assert said == [0], said
+    assert "not split" not in corpus["jobs"]["one"].output
 
 
 @pytest.mark.parametrize("name", PATTERNS)

@@ -10,7 +10,8 @@ as for a script started twice in one directory). The runner records, per rank, i
   folders, seen by an audit hook);
 - "files": the files in the folder afterwards;
 - "digest": sha256 of the weights of the script's `model` at the end;
-- "loss": the last epoch's "loss" in the script's `history` (or its first key when it has no "loss");
+- "loss": the last epoch's "loss" in the script's `history` (or its first key when it has no "loss"): fit's
+  History, or a dict of lists that a custom loop keeps;
 - "seconds": how long the script ran.
 Lines "### corpus <name> begin/end" delimit each script's output.
 """
@@ -63,7 +64,8 @@ def _digest(model) -> str:
 
 
 def _final_loss(history):
-    logs = getattr(history, "history", None) or {}
+    # fit's History, or the dict of per-epoch lists a custom loop keeps
+    logs = history if isinstance(history, dict) else (getattr(history, "history", None) or {})
     key = "loss" if "loss" in logs else next(iter(logs), None)
     return None if key is None else float(logs[key][-1])
 

@@ -1,0 +1,48 @@
+"""Unmodified custom training loops under `hvdkeras run -np 2` train one model (workers/loops_script.py).
+
+The script seeds each rank differently and feeds each rank different data, with dropout, so that without
+hvdkeras the ranks would end with two different models; the corpus (test_corpus_2w.py) checks the loops of
+seeded scripts against one process.
+"""
+
+import json
+
+import pytest
+
+from launch import VENV_BIN, WORKERS, run_command
+
+
+@pytest.fixture(scope="module")
+def ranks(tmp_path_factory):
+    out = tmp_path_factory.mktemp("loops")
+    job = run_command([str(VENV_BIN / "hvdkeras"), "run", "-np", "2", str(WORKERS / "loops_script.py"), str(out)],
+                      out, timeout=300)
+    if job.returncode != 0:
+        job.fail(f"hvdkeras run exited with {job.returncode}")
+    results = {r: json.loads((out / f"rank{r}.json").read_text()) for r in (0, 1)}
+    results["output"] = job.output
+    return results
+
+
+@pytest.mark.parametrize("key", ["tf_function_weights", "tf_function_opt", "eager_weights", "mixed_weights",
+                                 "train_on_batch_weights"])
+def test_both_ranks_hold_one_model(ranks, key):
+    assert ranks[0][key] == ranks[1][key]
+
+
+def test_an_overflow_on_one_rank_is_skipped_by_both(ranks):
+    for r in (0, 1):
+        scales = ranks[r]["mixed_scales"]
+        assert scales[1] == scales[0] / 2 and scales[2] == scales[1], scales
+        assert ranks[r]["mixed_iterations"] == 2  # the overflowing step was skipped
+
+
+def test_an_update_inside_xla_is_refused_with_what_to_do(ranks):
+    for r in (0, 1):
+        error = ranks[r]["xla_error"]
+        assert error and "inside tf.function(jit_compile=True)" in error and "jit_compile=False" in error
+
+
+def test_the_unsplit_data_is_said_once(ranks):
+    lines = [line for line in ranks["output"].splitlines() if "the loop's data is not split" in line]
+    assert len(lines) == 1 and lines[0].startswith("[0]"), lines
