@@ -10,13 +10,16 @@ Importing hvdkeras changes nothing in Keras. The patches, by name:
   called, as Keras 2's `optimizer.variables()` (Horovod's TF2 loop calls it). Installed by `init()`.
 - "wrap" (`wrap.install`): `keras.Model.compile`, `compile_from_config`, `fit`, `evaluate`, `predict`,
   `save`, `save_weights` and `export` (set on the Keras classes that define them) make an unmodified
-  script data-parallel. Installed by `python -m hvdkeras` / `hvdkeras run` only, with the three below.
+  script data-parallel. Installed by `python -m hvdkeras` / `hvdkeras run` only, with the four below.
 - "keras_output" (`keras_output.install`): `Model.summary`, `keras.utils.plot_model` (and tf.keras's),
   `keras.src.utils.io_utils.print_msg` and `warnings.showwarning` stay silent on ranks other than 0 for
   Keras's own output; a filter on the "absl" and "tensorflow" loggers drops their records below ERROR there.
 - "loops" (`loops.install`): `apply` of Keras's base optimizer and LossScaleOptimizer all-reduces the gradients
   of a script's own training loop at the outermost optimizer, and every optimizer broadcasts rank 0's
   variables before its first update.
+- "script_writes" (`script_writes.install`): the script's own `os.mkdir` / `os.makedirs`, TensorFlow checkpoints
+  (`tf.train.Checkpoint._write`, `restore`) and `tf.summary.create_file_writer`: rank 0 writes, the other ranks
+  see its result.
 - "tf_distribute" (`strategy.install`): `tf.distribute.MultiWorkerMirroredStrategy` (and its experimental
   name) become a MirroredStrategy over the process's own devices.
 

@@ -23,6 +23,7 @@ import hashlib
 import logging
 import math
 import os
+import time
 import warnings
 from typing import Any
 
@@ -32,7 +33,18 @@ import tensorflow as tf
 
 from hvdkeras import _collectives as C
 from hvdkeras import callbacks as hvd_callbacks
-from hvdkeras import data, keras_output, loops, patches, rank_zero, saving, settings, strategy, sync_batch_norm
+from hvdkeras import (
+    data,
+    keras_output,
+    loops,
+    patches,
+    rank_zero,
+    saving,
+    script_writes,
+    settings,
+    strategy,
+    sync_batch_norm,
+)
 from hvdkeras.compression import Compression
 from hvdkeras.learning_rate import as_float, scale_factor, scale_learning_rate
 from hvdkeras.models import consolidate_optimizer_state, held_optimizers, prepare_xla, sharded_optimizers
@@ -106,6 +118,7 @@ def install(options: Options | None = None) -> None:
     keras_output.install()
     strategy.install()
     loops.install(ReductionOptions(compression=Compression.fp16 if _opts().fp16_allreduce else Compression.none))
+    script_writes.install(job_start=_job_start())
 
 
 def _owner(name: str) -> type:
@@ -133,7 +146,16 @@ def uninstall() -> None:
     keras_output.uninstall()
     strategy.uninstall()
     loops.uninstall()
+    script_writes.uninstall()
     _state["options"] = None
+
+
+def _job_start() -> float:
+    """When the job started: the earliest rank's time of installing the wrap (before any script code runs)."""
+    now = time.time()
+    if not C.is_initialized() or C.size() == 1:
+        return now
+    return min(C.allgather_object(now, name="hvdkeras.wrap.job_start"))
 
 
 def _opts() -> Options:

@@ -93,7 +93,7 @@ def test_the_corpus_covers_the_patterns_users_write():
                    "loss_inside_model", "embedding_lstm", "fit_predict_fit", "tf_numpy_layers",
                    "no_trainable_weights", "multi_worker_mirrored_strategy", "one_device_and_default_strategy",
                    "loop_eager", "loop_tf_function", "loop_gan", "loop_strategy_run", "loop_mixed_float16",
-                   "loop_numpy_slices", "loop_horovod_tape"):
+                   "loop_numpy_slices", "loop_horovod_tape", "loop_checkpoint_manager"):
         assert needed in PATTERNS
 
 

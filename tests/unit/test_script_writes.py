@@ -1,0 +1,102 @@
+"""The script's own writes under the wrap, in one process playing rank 1 (the rank is faked): folders wait for
+rank 0's, TensorFlow checkpoints and summaries are written by rank 0 only, and the objects advance as rank 0's."""
+
+import os
+import tempfile
+import threading
+import time
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from hvdkeras import script_writes
+
+
+@pytest.fixture
+def as_rank(monkeypatch):
+    def play(rank: int, job_start: float | None = None):
+        script_writes.install(job_start=time.time() - 1 if job_start is None else job_start, wait_seconds=5)
+        monkeypatch.setattr(script_writes, "_rank", lambda: rank)
+
+    yield play
+    script_writes.uninstall()
+
+
+def test_rank1_mkdir_waits_for_rank0s_folder_and_takes_it_as_its_own(as_rank, tmp_path):
+    as_rank(1)
+    target = tmp_path / "ckpt"
+    threading.Timer(0.3, lambda: os.mkdir.__wrapped__(target)).start()  # rank 0, a moment later
+    start = time.monotonic()
+    os.mkdir(target)  # the script's own call: waits, then returns as if it had made it
+    assert target.is_dir() and time.monotonic() - start >= 0.25
+
+    def rank0_makedirs():
+        os.mkdir.__wrapped__(target / "a")
+        os.mkdir.__wrapped__(target / "a" / "b")
+
+    threading.Timer(0.2, rank0_makedirs).start()
+    start = time.monotonic()
+    os.makedirs(target / "a" / "b")  # makedirs goes through mkdir: it waits too, and raises nothing
+    assert (target / "a" / "b").is_dir() and time.monotonic() - start < 4
+
+
+def test_a_folder_from_before_the_job_still_raises(as_rank, tmp_path):
+    old = tmp_path / "old"
+    old.mkdir()
+    as_rank(0, job_start=time.time() + 5)  # the job started after the folder was made
+    with pytest.raises(FileExistsError):
+        os.mkdir(old)
+
+
+def test_rank0_takes_a_folder_another_rank_made_during_the_job(as_rank, tmp_path):
+    as_rank(0)
+    os.mkdir.__wrapped__(tmp_path / "made")
+    os.mkdir(tmp_path / "made")  # made since the job started: no FileExistsError
+
+
+def test_libraries_are_not_affected(as_rank):
+    as_rank(1)
+    start = time.monotonic()
+    folder = tempfile.mkdtemp()  # tempfile calls os.mkdir: it must neither wait nor be skipped
+    assert os.path.isdir(folder) and time.monotonic() - start < 1
+    os.rmdir(folder)
+
+
+def test_checkpoint_manager_on_rank1_writes_nothing_and_advances_as_rank0(as_rank, tmp_path):
+    v = tf.Variable(1.0)
+    ckpt = tf.train.Checkpoint(v=v)
+    manager = tf.train.CheckpointManager(ckpt, str(tmp_path), max_to_keep=2)
+    as_rank(1)
+    paths = [manager.save() for _ in range(3)]
+    assert paths == [str(tmp_path / f"ckpt-{i}") for i in (1, 2, 3)]
+    assert manager.latest_checkpoint == paths[-1] and manager.checkpoints == paths[1:]
+    assert int(ckpt.save_counter) == 3
+    assert os.listdir(tmp_path) == []
+    assert ckpt.save(str(tmp_path / "plain")) == str(tmp_path / "plain-4")
+    assert os.listdir(tmp_path) == []
+
+
+def test_restore_of_a_checkpoint_rank0_is_writing_waits_for_it(as_rank, tmp_path):
+    v = tf.Variable(1.0)
+    ckpt = tf.train.Checkpoint(v=v)
+    as_rank(1)
+    path = ckpt.write(str(tmp_path / "c"))  # rank 1: nothing written
+    writer = tf.train.Checkpoint(v=tf.Variable(7.0))
+
+    def rank0_writes():
+        time.sleep(0.3)
+        type(writer)._write.__wrapped__(writer, path)  # rank 0's write: TensorFlow's own
+
+    threading.Thread(target=rank0_writes).start()
+    ckpt.restore(path)
+    np.testing.assert_allclose(v.numpy(), 7.0)
+
+
+def test_summary_writer_of_rank1_writes_nothing(as_rank, tmp_path):
+    as_rank(1)
+    writer = tf.summary.create_file_writer(str(tmp_path / "logs"))
+    with writer.as_default():
+        tf.summary.write("loss", 1.0, step=0)  # the op every summary writes through (no TensorBoard needed)
+    writer.flush()
+    assert not (tmp_path / "logs").exists()
