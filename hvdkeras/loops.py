@@ -12,7 +12,8 @@ model per worker. Installed as the patch "loops" (part of `wrap.install`), this 
   DistributedGradientTape already reduced are not reduced again;
 - before an optimizer first updates a variable, the variable and the optimizer's state are broadcast from
   rank 0, so every rank holds the same model from before the first update to the end (eagerly, or once when
-  the step is first traced);
+  the step is first traced). A DistributedOptimizer is left to the script and to fit's callbacks, as before;
+  `model.train_on_batch` broadcasts the model itself (wrap.py);
 - the loop's data is not split: each worker computes every batch, which equals one process. Rank 0 warns once
   that the loop's data is not split, and what to change to split it.
 
@@ -32,7 +33,6 @@ from keras.src.optimizers.base_optimizer import BaseOptimizer
 
 from hvdkeras import _collectives as C
 from hvdkeras import collectives, patches, rank_zero, reduction
-from hvdkeras.optimizer import DistributedOptimizer
 from hvdkeras.reduction import ReductionOptions
 from hvdkeras.variables import var_id
 
@@ -57,9 +57,6 @@ def install(options: ReductionOptions | None = None) -> bool:
     _state["options"] = options or ReductionOptions()
     changes = [(owner, "apply", _data_parallel(vars(owner)["apply"]))
                for owner in (BaseOptimizer, keras.optimizers.LossScaleOptimizer)]
-    # A DistributedOptimizer reduces itself; a loop (or train_on_batch) that uses one without fit's callbacks
-    # still gets the broadcast before its first update.
-    changes.append((DistributedOptimizer, "apply", _synced(vars(DistributedOptimizer)["apply"])))
     return patches.install(PATCH, changes)
 
 
@@ -97,17 +94,6 @@ def _data_parallel(keras_apply):
     return apply
 
 
-def _synced(distributed_apply):
-    def apply(optimizer, grads, trainable_variables=None):
-        if not reduction.inside_reduction() and C.is_initialized() and C.size() > 1 and trainable_variables is not None:
-            _sync_before_first_update(optimizer, list(trainable_variables), warn=False)
-        return distributed_apply(optimizer, grads, trainable_variables)
-
-    apply.__wrapped__ = distributed_apply
-    apply.__doc__ = distributed_apply.__doc__
-    return apply
-
-
 def _name_for(optimizer: Any) -> str:
     """The collectives' names of an optimizer's reductions: by the order in which optimizers first apply, the
     same on every worker, and distinct for two optimizers whose updates may run at the same time (a GAN's)."""
@@ -117,7 +103,7 @@ def _name_for(optimizer: Any) -> str:
     return names[id(optimizer)]
 
 
-def _sync_before_first_update(optimizer: Any, variables: list, warn: bool = True) -> None:
+def _sync_before_first_update(optimizer: Any, variables: list) -> None:
     """Broadcasts rank 0's values of the variables this optimizer has not updated before, and its state, once.
 
     Eagerly, at the first update; in a tf.function, when the step is first traced (under tf.init_scope, so it
@@ -133,7 +119,7 @@ def _sync_before_first_update(optimizer: Any, variables: list, warn: bool = True
             optimizer.built = True
         collectives.broadcast_variables(new + list(optimizer.variables), root_rank=0)
     synced.update(var_id(v) for v in new)
-    if warn and "not-split" not in _state["warned"]:
+    if "not-split" not in _state["warned"]:
         _state["warned"].add("not-split")
         if rank_zero.is_rank_zero():
             warnings.warn(NOT_SPLIT, stacklevel=4)

@@ -8,15 +8,15 @@ Importing hvdkeras changes nothing in Keras. The patches, by name:
   layers made with `synchronized=True` across the workers. Installed by `init()`.
 - "optimizer_variables_call" (`tf2.install_variables_call`): a Keras 3 optimizer's `variables` list may also be
   called, as Keras 2's `optimizer.variables()` (Horovod's TF2 loop calls it). Installed by `init()`.
-- "wrap" (`wrap.install`): `keras.Model.compile`, `compile_from_config`, `fit`, `evaluate`, `predict`,
+- "wrap" (`wrap.install`): `keras.Model.compile`, `compile_from_config`, `fit`, `train_on_batch`, `evaluate`, `predict`,
   `save`, `save_weights` and `export` (set on the Keras classes that define them) make an unmodified
   script data-parallel. Installed by `python -m hvdkeras` / `hvdkeras run` only, with the four below.
 - "keras_output" (`keras_output.install`): `Model.summary`, `keras.utils.plot_model` (and tf.keras's),
   `keras.src.utils.io_utils.print_msg` and `warnings.showwarning` stay silent on ranks other than 0 for
   Keras's own output; a filter on the "absl" and "tensorflow" loggers drops their records below ERROR there.
 - "loops" (`loops.install`): `apply` of Keras's base optimizer and LossScaleOptimizer all-reduces the gradients
-  of a script's own training loop at the outermost optimizer, and every optimizer broadcasts rank 0's
-  variables before its first update.
+  of a script's own training loop at the outermost optimizer, and broadcasts rank 0's variables before the
+  optimizer's first update.
 - "script_writes" (`script_writes.install`): the script's own `os.mkdir` / `os.makedirs`, TensorFlow checkpoints
   (`tf.train.Checkpoint._write`, `restore`) and `tf.summary.create_file_writer`: rank 0 writes, the other ranks
   see its result.

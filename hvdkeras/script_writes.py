@@ -47,7 +47,7 @@ _state: dict[str, Any] = {"job_start": None, "pending": {}, "wait": DEFAULT_WAIT
 _LIBRARY_DIRS = tuple(
     os.path.realpath(p) + os.sep for p in {sysconfig.get_paths()[k] for k in ("stdlib", "platstdlib", "purelib",
                                                                              "platlib")})
-_HVDKERAS_DIR = os.path.dirname(os.path.realpath(__file__)) + os.sep
+_PACKAGE_DIR = os.path.dirname(os.path.realpath(__file__)) + os.sep
 
 
 def install(job_start: float, wait_seconds: float = DEFAULT_WAIT_SECONDS) -> bool:
@@ -87,7 +87,7 @@ def from_script(frame: Any) -> bool:
     if frame is None:
         return False
     path = os.path.realpath(frame.f_code.co_filename)
-    return not (path.startswith(_LIBRARY_DIRS) or path.startswith(_HVDKERAS_DIR) or path.startswith("<"))
+    return not (path.startswith(_LIBRARY_DIRS) or path.startswith(_PACKAGE_DIR) or path.startswith("<"))
 
 
 def made_by_this_job(path: Any) -> bool:

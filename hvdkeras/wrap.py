@@ -10,6 +10,7 @@
   are wrapped too; broadcast, exact-metric, moving-statistics (and warm-up) callbacks are added; progress
   on rank 0 only; ModelCheckpoint / TensorBoard / CSVLogger / BackupAndRestore act on rank 0 only.
 - The learning rate: warm-up until the script sets the rate itself, which then keeps it (`_Warmup`).
+- `train_on_batch`: rank 0's weights are broadcast before the first update (no fit callbacks run there).
 - `predict`: progress on rank 0 only (every rank predicts all of its input).
 - `save`, `save_weights`, `export`: rank 0 writes (atomically), the others wait for it.
 A model that the script compiles with a DistributedOptimizer itself is left as the script made it.
@@ -23,7 +24,6 @@ import hashlib
 import logging
 import math
 import os
-import time
 import warnings
 from typing import Any
 
@@ -34,6 +34,7 @@ import tensorflow as tf
 from hvdkeras import _collectives as C
 from hvdkeras import callbacks as hvd_callbacks
 from hvdkeras import (
+    collectives,
     data,
     keras_output,
     loops,
@@ -111,7 +112,8 @@ def install(options: Options | None = None) -> None:
     """
     _state["options"] = options or Options()
     replacements = (("compile", _compile), ("compile_from_config", _compile_from_config), ("fit", _fit),
-                    ("evaluate", _evaluate), ("predict", _predict), ("save", _write_on_rank_zero),
+                    ("train_on_batch", _train_on_batch), ("evaluate", _evaluate), ("predict", _predict),
+                    ("save", _write_on_rank_zero),
                     ("save_weights", _write_on_rank_zero), ("export", _export))
     patches.install("wrap", [(_owner(name), name, _bind(getattr(keras.Model, name), replacement))
                              for name, replacement in replacements])
@@ -151,11 +153,12 @@ def uninstall() -> None:
 
 
 def _job_start() -> float:
-    """When the job started: the earliest rank's time of installing the wrap (before any script code runs)."""
-    now = time.time()
-    if not C.is_initialized() or C.size() == 1:
-        return now
-    return min(C.allgather_object(now, name="hvdkeras.wrap.job_start"))
+    """When the job started, for the folders this job made: this process's start. Every rank's process starts
+    before any rank runs the script, since `init()` forms the job from all of them first; no collective here,
+    so a worker that joins an elastic job later installs the wrap alone."""
+    import psutil
+
+    return psutil.Process().create_time()
 
 
 def _opts() -> Options:
@@ -480,6 +483,22 @@ def _fit(original, model, *args, **kwargs):
     if not rank_zero.is_rank_zero():
         kwargs["verbose"] = 0
     return original(model, **kwargs)
+
+
+def _train_on_batch(original, model, *args, **kwargs):
+    """A loop of `train_on_batch` calls has none of fit's callbacks: rank 0's weights are broadcast once, before
+    the first update where the model is built, else right after the first batch built it (with the optimizer's
+    state, which that batch made); the compiled DistributedOptimizer averages every batch's gradients."""
+    if getattr(model, "_hvdkeras_batches_synced", False) or C.size() == 1:
+        return original(model, *args, **kwargs)
+    before = bool(model.built and model.variables)
+    if before:
+        collectives.broadcast_variables(model.variables, root_rank=0)
+    result = original(model, *args, **kwargs)
+    if not before:
+        collectives.broadcast_variables([*model.variables, *model.optimizer.variables], root_rank=0)
+    model._hvdkeras_batches_synced = True
+    return result
 
 
 def _model_input_ranks(model) -> list[int]:
