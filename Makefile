@@ -17,7 +17,7 @@ PYTEST_ARGS ?=
 LAB_PTH = -c "import site, sys; open(site.getsitepackages()[0] + '/hvdkeras-lab.pth', 'w').write(sys.argv[1] + '\n')" "$(CURDIR)/lab"
 NETBENCH_ARGS ?=
 
-.PHONY: install lab test test-fast demo bench netbench batchbench shardbench xlabench gpu-build lint clean
+.PHONY: install lab test test-fast demo bench netbench batchbench shardbench xlabench loopbench gpu-build lint clean
 
 install: $(STAMP)
 
@@ -72,6 +72,12 @@ shardbench: install lab
 # process, two workers here and on the two test hosts (needs root); writes docs/xla_benchmark.{json,png}.
 xlabench: install lab
 	$(PY) benchmarks/xla_benchmark.py --out docs
+
+# Custom training loops against fit: a tf.function tape loop (hvdkeras's DistributedGradientTape, and unmodified under
+# `hvdkeras run`'s patch) against fit with DistributedOptimizer and Horovod's own tape loop (Keras 3, tf-keras), two
+# workers here and on the two test hosts at 200 Mbit/s (needs root); writes docs/loop_benchmark.json.
+loopbench: install lab
+	$(PY) benchmarks/loop_benchmark.py --out docs
 
 # Horovod with NCCL for the GPU TensorFlow, built and checked on a machine without a GPU, in a fresh venv of its
 # own (not part of `make test`): tensorflow[and-cuda], a CUDA 12.4 toolkit made in the venv from Debian's

@@ -110,34 +110,27 @@ def main():
     parser.add_argument("--warmup", type=int, default=3)
     args = parser.parse_args()
     set_threads(1)
+    import horovod.tensorflow as htf
+
     from hvdkeras.job import launchers as launching
     from hvdkeras.job import rendezvous
 
     if args.kind == "keras2":
-        import horovod.tensorflow as htf
         import horovod.tensorflow.keras as hvdk
 
         with rendezvous.init_watchdog(rendezvous.form(launching.detect(os.environ))):
             hvdk.init()
-        rank, size = hvdk.rank(), hvdk.size()
-        one = tf.constant(1.0)
-
-        def barrier():
-            htf.allreduce(one, name="bench.barrier", op=htf.Sum)
-
-        runners = keras2_runners(args.model, rank, barrier)
     else:
         import hvdkeras as hvd
-        from hvdkeras import _collectives as C
 
         hvd.init()
-        rank, size = hvd.rank(), hvd.size()
-        one = tf.constant(1.0)
+    rank, size = htf.rank(), htf.size()
+    one = tf.constant(1.0)
 
-        def barrier():
-            C.allreduce(one, name="bench.barrier", op=C.Sum)
+    def barrier():
+        htf.allreduce(one, name="bench.barrier", op=htf.Sum)
 
-        runners = keras3_runners(args.model, rank, barrier)
+    runners = (keras2_runners if args.kind == "keras2" else keras3_runners)(args.model, rank, barrier)
     wall, _, _ = measure(runners, args.steps, args.rounds, args.warmup)
     path = f"{args.out}.rank{rank}"
     with open(path + ".tmp", "w") as f:
