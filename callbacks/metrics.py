@@ -6,50 +6,16 @@ import numpy as np
 import tensorflow as tf
 
 from hvdkeras import _collectives as C
-from hvdkeras.variables import to_tensor
+from hvdkeras import metric_states
 
 from ._base import HvdCallback
 
-# How Keras says a state combines across replicas (keras.Variable.aggregation).
-_OPS = {"sum": C.Sum, "mean": C.Average}
-
-
-def _metric_variables(metrics) -> list:
-    seen, out = set(), []
-    for metric in metrics:
-        for var in metric.variables:
-            if id(var) not in seen:
-                seen.add(id(var))
-                out.append(var)
-    return out
-
 
 def global_metrics_result(model, local_result, device: str = ""):
-    """The model's metric results computed from the states of all workers together.
-
-    Every state with `aggregation="sum"` (totals, counts, confusion counts: what Keras metrics keep) is
-    summed across workers and "mean" states are averaged; the results are computed from those states,
-    then each worker's own states are put back, so calling this twice counts nothing twice.
-    """
-    variables = [v for v in _metric_variables(model.metrics) if v.aggregation in _OPS]
-    if not variables or C.size() == 1:
-        return local_result()
-    local = [tf.identity(to_tensor(v)) for v in variables]
-    groups: dict = {}
-    for i, var in enumerate(variables):
-        groups.setdefault((_OPS[var.aggregation], var.dtype), []).append(i)
-    ordered = sorted(groups.items(), key=lambda kv: (kv[0][0], str(kv[0][1])))
-    for k, ((op, _), indices) in enumerate(ordered):
-        with tf.device(device):
-            reduced = C.grouped_allreduce([local[i] for i in indices], op=op, name=f"hvdkeras.metrics.{k}")
-        for i, value in zip(indices, reduced):
-            variables[i].assign(value)
-    try:
-        result = local_result()
-        return {k: (v.numpy() if hasattr(v, "numpy") else v) for k, v in result.items()}
-    finally:
-        for var, value in zip(variables, local):
-            var.assign(value)
+    """The model's metric results computed from the states of all workers together (see
+    `metric_states.global_result`), as numpy values."""
+    result = metric_states.global_result(model.metrics, local_result, device=device)
+    return {k: (v.numpy() if hasattr(v, "numpy") else v) for k, v in result.items()}
 
 
 class MetricAverageCallback(HvdCallback):

@@ -27,6 +27,14 @@ _READER_OPS = {
     "TFRecordDataset", "TFRecordDatasetV2", "TextLineDataset", "FixedLengthRecordDataset",
     "FixedLengthRecordDatasetV2",
 }
+# Stages that shard a pipeline (Dataset.shard, tf.distribute's auto-shard).
+_SHARD_OPS = {"ShardDataset", "AutoShardDataset", "ExperimentalAutoShardDataset"}
+# Stages that make batches of elements.
+_BATCH_OPS = {
+    "BatchDataset", "BatchDatasetV2", "PaddedBatchDataset", "PaddedBatchDatasetV2", "PaddedBatchDatasetV3",
+    "ParallelBatchDataset", "MapAndBatchDataset", "ExperimentalMapAndBatchDataset",
+    "DenseToSparseBatchDataset", "ExperimentalDenseToSparseBatchDataset",
+}
 
 
 def _as_dataset(data: Any) -> tf.data.Dataset:
@@ -149,14 +157,27 @@ def check_batched(dataset: Any, input_ranks: Sequence[int]) -> bool:
     return False
 
 
-def reads_files(dataset: tf.data.Dataset) -> bool:
-    """True when the pipeline's source is a file reader (TFRecord, text lines, fixed-length records)."""
+def _pipeline_ops(dataset: tf.data.Dataset) -> set[str]:
+    """The names of the ops a tf.data pipeline is made of (its stages and the functions they run)."""
     graph = graph_pb2.GraphDef()
     graph.ParseFromString(dataset._as_serialized_graph().numpy())
     ops = {node.op for node in graph.node}
     for function in graph.library.function:
         ops.update(node.op for node in function.node_def)
-    return bool(ops & _READER_OPS)
+    return ops
+
+
+def reads_files(dataset: tf.data.Dataset) -> bool:
+    """True when the pipeline's source is a file reader (TFRecord, text lines, fixed-length records)."""
+    return bool(_pipeline_ops(dataset) & _READER_OPS)
+
+
+def loop_splittable(dataset: tf.data.Dataset) -> bool:
+    """Whether a custom loop's dataset is one hvdkeras splits across the workers: it yields batches (a batching
+    stage and no `unbatch()`), and the script did not shard it itself (`shard()`, as Horovod's TF2 examples
+    do, each worker then reading its own part already)."""
+    ops = _pipeline_ops(dataset)
+    return bool(ops & _BATCH_OPS) and not ops & {"UnbatchDataset", "ExperimentalUnbatchDataset", *_SHARD_OPS}
 
 
 def _count(dataset: tf.data.Dataset) -> int:

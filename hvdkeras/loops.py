@@ -14,8 +14,16 @@ model per worker. Installed as the patch "loops" (part of `wrap.install`), this 
   rank 0, so every rank holds the same model from before the first update to the end (eagerly, or once when
   the step is first traced). A DistributedOptimizer is left to the script and to fit's callbacks, as before;
   `model.train_on_batch` broadcasts the model itself (wrap.py);
-- the loop's data is not split: each worker computes every batch, which equals one process. Rank 0 warns once
-  that the loop's data is not split, and what to change to split it.
+- the loop's data: a batched `tf.data.Dataset` that the script iterates itself (`for x, y in dataset`, or
+  `iter(dataset)`, eagerly) and has not sharded itself is split as fit splits it: under `--batch global` each
+  worker takes its rows of every batch (`data.split_batches`), under `--batch per-worker` whole batches
+  (`data.shard`). Data hvdkeras
+  cannot split (NumPy sliced by hand, a dataset iterated inside a tf.function or through a tf.distribute
+  strategy) is left whole: each worker computes every batch, which equals one process, and rank 0 warns once,
+  at the first update, that the loop's data is not split and what to change;
+- once a loop's data is split, a Keras metric's `result()` read by the script (eagerly) is computed from the
+  metric's states summed across the workers (`metric_states.global_result`), so the loop prints the numbers
+  one process prints for its Keras metrics; the script's own tensors (a loss it prints) stay each worker's.
 
 Refused with one clear error: an update inside `tf.function(jit_compile=True)`, where Horovod's collectives
 cannot be compiled.
@@ -24,45 +32,104 @@ cannot be compiled.
 from __future__ import annotations
 
 import logging
+import sys
 import warnings
 from typing import Any
 
 import keras
 import tensorflow as tf
+from keras.src.metrics.metric import Metric
 from keras.src.optimizers.base_optimizer import BaseOptimizer
 
 from hvdkeras import _collectives as C
-from hvdkeras import collectives, patches, rank_zero, reduction
+from hvdkeras import collectives, data, metric_states, patches, rank_zero, reduction, script_writes
 from hvdkeras.reduction import ReductionOptions
 from hvdkeras.variables import var_id
 
 log = logging.getLogger("hvdkeras")
 PATCH = "loops"
-_state: dict[str, Any] = {"options": None, "names": {}, "warned": set()}
+# split: how the script's own iteration of a batched dataset is split (None: not at all); split_any: whether a
+# dataset was split in this process, from which on Keras metric results are global.
+_state: dict[str, Any] = {"options": None, "names": {}, "warned": set(), "split": None, "split_any": False}
 
 NOT_SPLIT = (
-    "hvdkeras: the script trains in a loop of its own (its optimizer's apply_gradients or apply): the loop's "
-    "data is not split, so each worker computes every batch and the workers' gradients are averaged; the job "
-    "trains one model, as one process would, at one process's speed. To split the data, pass it to "
-    "model.fit, or shard it in the script (hvdkeras.data.shard(dataset) before batch(), or "
-    "dataset.shard(hvdkeras.size(), hvdkeras.rank())) and run with --no-shard.")
+    "hvdkeras: the script trains in a loop of its own (its optimizer's apply_gradients or apply), and the loop's "
+    "data is not split: it is no batched tf.data.Dataset that the script iterates eagerly (NumPy sliced by hand, "
+    "a dataset iterated in a tf.function or through a tf.distribute strategy), so each worker computes every "
+    "batch and the workers' gradients are averaged; the job trains one model, as one process would, at one "
+    "process's speed. To split the data, iterate a batched tf.data.Dataset in Python, pass the data to "
+    "model.fit, or shard it in the script (dataset.shard(hvdkeras.size(), hvdkeras.rank())) and run with "
+    "--no-shard.")
 
 
-def install(options: ReductionOptions | None = None) -> bool:
+def install(options: ReductionOptions | None = None, batch: str | None = None) -> bool:
     """Makes every Keras optimizer's `apply` data-parallel in this process (see the module's docstring).
 
     Args:
         options: how the loops' gradients are reduced (default: DistributedOptimizer's defaults).
+        batch: how the script's own iteration of a batched dataset is split: "global" (each worker its rows
+            of every batch), "per-worker" (whole batches) or None (not split).
     """
-    _state["options"] = options or ReductionOptions()
+    if batch not in ("global", "per-worker", None):
+        raise ValueError(f"`batch` must be 'global', 'per-worker' or None. Received: batch={batch!r}")
+    _state.update(options=options or ReductionOptions(), split=batch, split_any=False)
     changes = [(owner, "apply", _data_parallel(vars(owner)["apply"]))
                for owner in (BaseOptimizer, keras.optimizers.LossScaleOptimizer)]
+    changes.append((tf.data.Dataset, "__iter__", _split_iteration(vars(tf.data.Dataset)["__iter__"])))
+    changes += [(cls, "result", _global_result(vars(cls)["result"])) for cls in _metric_classes()]
+    changes.append((Metric, "__init_subclass__", classmethod(_wrap_new_metric)))
     return patches.install(PATCH, changes)
 
 
 def uninstall() -> bool:
     _state["names"].clear()
     return patches.uninstall(PATCH)
+
+
+def _split_iteration(dataset_iter):
+    def __iter__(dataset):  # noqa: N807 - tf.data.Dataset.__iter__, patched
+        how = _state["split"]
+        if (how is None or not C.is_initialized() or C.size() == 1 or not tf.executing_eagerly()
+                or not script_writes.from_script(sys._getframe(1)) or not data.loop_splittable(dataset)):
+            return dataset_iter(dataset)
+        _state["split_any"] = True
+        return dataset_iter(data.split_batches(dataset) if how == "global" else data.shard(dataset))
+
+    __iter__.__wrapped__ = dataset_iter
+    return __iter__
+
+
+def _metric_classes() -> list[type]:
+    """Every Keras metric class defined so far that has a `result` of its own."""
+    found, todo = [], [Metric]
+    while todo:
+        cls = todo.pop()
+        if "result" in vars(cls) and not getattr(vars(cls)["result"], "_hvdkeras_global", False):
+            found.append(cls)
+        todo.extend(cls.__subclasses__())
+    return found
+
+
+def _wrap_new_metric(cls, **kwargs):
+    """A metric class the script defines after the patch: its `result` is made global too (while the patch
+    is installed)."""
+    super(Metric, cls).__init_subclass__(**kwargs)
+    if "result" in vars(cls):
+        cls.result = _global_result(vars(cls)["result"])
+
+
+def _global_result(metric_result):
+    def result(metric, *args, **kwargs):
+        if (not _state["split_any"] or not patches.installed(PATCH) or not tf.executing_eagerly()
+                or C.size() == 1 or not script_writes.from_script(sys._getframe(1))):
+            return metric_result(metric, *args, **kwargs)
+        return metric_states.global_result([metric], lambda: metric_result(metric, *args, **kwargs),
+                                           name="hvdkeras.loop_metrics")
+
+    result._hvdkeras_global = True
+    result.__wrapped__ = metric_result
+    result.__doc__ = metric_result.__doc__
+    return result
 
 
 def _data_parallel(keras_apply):
@@ -119,7 +186,7 @@ def _sync_before_first_update(optimizer: Any, variables: list) -> None:
             optimizer.built = True
         collectives.broadcast_variables(new + list(optimizer.variables), root_rank=0)
     synced.update(var_id(v) for v in new)
-    if "not-split" not in _state["warned"]:
+    if not _state["split_any"] and "not-split" not in _state["warned"]:
         _state["warned"].add("not-split")
         if rank_zero.is_rank_zero():
             warnings.warn(NOT_SPLIT, stacklevel=4)

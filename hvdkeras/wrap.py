@@ -119,7 +119,8 @@ def install(options: Options | None = None) -> None:
                              for name, replacement in replacements])
     keras_output.install()
     strategy.install()
-    loops.install(ReductionOptions(compression=Compression.fp16 if _opts().fp16_allreduce else Compression.none))
+    loops.install(ReductionOptions(compression=Compression.fp16 if _opts().fp16_allreduce else Compression.none),
+                  batch=None if _opts().no_shard else _opts().batch)
     script_writes.install(job_start=_job_start())
 
 

@@ -24,10 +24,18 @@ def ranks(tmp_path_factory):
     return results
 
 
-@pytest.mark.parametrize("key", ["tf_function_weights", "tf_function_opt", "eager_weights", "mixed_weights",
-                                 "train_on_batch_weights"])
+@pytest.mark.parametrize("key", ["numpy_weights", "tf_function_weights", "tf_function_opt", "eager_weights",
+                                 "mixed_weights", "train_on_batch_weights"])
 def test_both_ranks_hold_one_model(ranks, key):
     assert ranks[0][key] == ranks[1][key]
+
+
+def test_a_loops_dataset_is_split_and_its_keras_metrics_are_global(ranks):
+    for r in (0, 1):
+        assert ranks[r]["split_rows"] == [8, 8, 8]  # each worker its half of every batch of 16
+        assert ranks[r]["split_own_rows"] == 24.0
+        assert ranks[r]["split_global_rows"] == 48.0  # Sum: all the rows, as one process counts them
+        assert ranks[r]["split_global_mean"] == pytest.approx(47.5)  # the mean of 0..95, one process's
 
 
 def test_an_overflow_on_one_rank_is_skipped_by_both(ranks):

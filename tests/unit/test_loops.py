@@ -110,3 +110,72 @@ def test_one_worker_and_uninstalled_change_nothing(hvd, monkeypatch):
     from keras.src.optimizers.base_optimizer import BaseOptimizer
 
     assert not hasattr(BaseOptimizer.apply, "__wrapped__")
+
+
+@pytest.fixture
+def split_as_rank1(hvd, monkeypatch):
+    """The loops patch as `hvdkeras run` installs it (--batch global), this process playing rank 1 of 2."""
+    monkeypatch.setattr(C, "size", lambda: 2)
+    monkeypatch.setattr(C, "rank", lambda: 1)
+    loops.install(batch="global")
+    yield
+    loops.uninstall()
+
+
+def _first_column(batches):
+    return [np.asarray(b)[:, 0].tolist() for b in batches]
+
+
+def test_the_scripts_own_iteration_of_a_batched_dataset_is_split(split_as_rank1):
+    ds = tf.data.Dataset.from_tensor_slices(np.arange(12, dtype="float32").reshape(6, 2)).batch(4)
+    assert _first_column(ds) == [[4.0, 6.0], [10.0]]  # rank 1: the second half of each batch (4 rows, then 2)
+    assert _first_column(iter(ds)) == [[4.0, 6.0], [10.0]]
+    assert _first_column(ds.as_numpy_iterator()) == [[0.0, 2.0, 4.0, 6.0], [8.0, 10.0]]  # a library's: whole
+
+
+def test_unbatched_or_self_sharded_datasets_stay_whole(split_as_rank1):
+    rows = np.arange(8, dtype="float32").reshape(4, 2)
+    assert len(list(tf.data.Dataset.from_tensor_slices(rows))) == 4  # elements, not batches
+    sharded = tf.data.Dataset.from_tensor_slices(rows).shard(2, 1).batch(2)  # the script sharded it itself
+    assert _first_column(sharded) == [[2.0, 6.0]]
+    assert loops._state["split_any"] is False
+
+
+def test_no_split_under_no_shard(hvd, monkeypatch):
+    monkeypatch.setattr(C, "size", lambda: 2)
+    loops.install(batch=None)
+    try:
+        ds = tf.data.Dataset.from_tensor_slices(np.zeros((4, 2), "float32")).batch(4)
+        assert [b.shape[0] for b in ds] == [4]
+    finally:
+        loops.uninstall()
+    with pytest.raises(ValueError, match="Received: batch='local'"):
+        loops.install(batch="local")
+
+
+def test_keras_metric_results_are_global_once_the_data_is_split(split_as_rank1, monkeypatch):
+    summed = []
+
+    def global_result(metrics, local_result, name):
+        summed.append(name)
+        return local_result()
+
+    monkeypatch.setattr(loops.metric_states, "global_result", global_result)
+    metric = keras.metrics.Mean()
+    metric.update_state([1.0, 3.0])
+    metric.result()
+    assert summed == []  # nothing split yet: the states are already every worker's
+    for _ in tf.data.Dataset.from_tensor_slices(np.zeros((4, 1), "float32")).batch(2):
+        pass
+    float(metric.result())
+    assert summed == ["hvdkeras.loop_metrics"]
+
+    class Custom(keras.metrics.Metric):  # defined after the patch: its result is global too
+        def update_state(self, value):
+            pass
+
+        def result(self):
+            return tf.constant(1.0)
+
+    Custom().result()
+    assert summed == ["hvdkeras.loop_metrics"] * 2

@@ -23,17 +23,21 @@ def make():
 
 
 def train(model, optimizer, epochs, history):
+    loss_tracker = keras.metrics.Mean()
+
     @tf.function
     def step(xb, yb):
         with tf.GradientTape() as tape:
             loss = tf.reduce_mean(tf.square(model(xb, training=True) - yb))
         optimizer.apply_gradients(zip(tape.gradient(loss, model.trainable_variables), model.trainable_variables))
-        return loss
+        loss_tracker.update_state(loss)
 
     for _ in range(epochs):
-        losses = [float(step(xb, yb)) for xb, yb in dataset]
-        history["loss"].append(float(np.mean(losses)))
+        for xb, yb in dataset:
+            step(xb, yb)
+        history["loss"].append(float(loss_tracker.result()))
         print(f"loop: epoch {len(history['loss'])} loss {history['loss'][-1]:.6f}")
+        loss_tracker.reset_state()
         yield
 
 

@@ -16,6 +16,7 @@ model = keras.Sequential([keras.Input((16,)), keras.layers.Dense(32, activation=
                           keras.layers.Dense(1, dtype="float32")])
 optimizer = keras.optimizers.LossScaleOptimizer(keras.optimizers.Adam(1e-3))
 loss_fn = keras.losses.MeanSquaredError()
+loss_tracker = keras.metrics.Mean()
 
 
 @tf.function
@@ -25,12 +26,14 @@ def train_step(xb, yb):
         scaled = optimizer.scale_loss(loss)
     grads = tape.gradient(scaled, model.trainable_variables)
     optimizer.apply(grads, model.trainable_variables)
-    return loss
+    loss_tracker.update_state(loss)
 
 
 history = {"loss": []}
 for epoch in range(3):
-    losses = [float(train_step(xb, yb)) for xb, yb in dataset]
-    history["loss"].append(float(np.mean(losses)))
+    for xb, yb in dataset:
+        train_step(xb, yb)
+    history["loss"].append(float(loss_tracker.result()))
     print(f"loop: epoch {epoch} loss {history['loss'][-1]:.6f} scale {float(optimizer.dynamic_scale):.1f}")
+    loss_tracker.reset_state()
 keras.mixed_precision.set_global_policy("float32")

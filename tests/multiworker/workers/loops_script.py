@@ -33,9 +33,31 @@ def make():
                              keras.layers.Dropout(0.3), keras.layers.Dense(1)])
 
 
+x, y = rng.standard_normal((128, 8)).astype("float32"), rng.standard_normal((128, 1)).astype("float32")
+
+# 0. a loop over NumPy slices first: hvdkeras cannot split it, says so once, and the job still trains one model
+model, opt = make(), keras.optimizers.SGD(0.05)
+for start in range(0, 64, 16):
+    with tf.GradientTape() as tape:
+        loss = tf.reduce_mean(tf.square(model(x[start:start + 16], training=True) - y[start:start + 16]))
+    opt.apply_gradients(zip(tape.gradient(loss, model.trainable_variables), model.trainable_variables))
+result["numpy_weights"] = digest(model.get_weights())
+
+# The same data on every rank from here on for the split: each worker takes its rows of every batch, and the
+# Keras metrics the script reads are the whole batches'.
+shared = np.arange(96, dtype="float32").reshape(48, 2)
+rows, seen, mean = [], keras.metrics.Sum(), keras.metrics.Mean()
+for batch in tf.data.Dataset.from_tensor_slices(shared).batch(16):
+    rows.append(int(batch.shape[0]))
+    seen.update_state(float(batch.shape[0]))
+    mean.update_state(batch)
+result["split_rows"] = rows
+result["split_global_rows"] = float(seen.result())
+result["split_global_mean"] = float(mean.result())
+result["split_own_rows"] = float(seen.total.numpy())  # the state itself stays this worker's
+
 # 1. a tf.function loop with Adam and dropout, on data that differs by rank
 model, opt = make(), keras.optimizers.Adam(1e-2)
-x, y = rng.standard_normal((128, 8)).astype("float32"), rng.standard_normal((128, 1)).astype("float32")
 
 
 @tf.function
