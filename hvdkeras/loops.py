@@ -17,9 +17,8 @@ model per worker. Installed as the patch "loops" (part of `wrap.install`), this 
 - the loop's data: a batched `tf.data.Dataset` that the script iterates itself (`for x, y in dataset`, or
   `iter(dataset)`, eagerly) and has not sharded itself is split as fit splits it: under `--batch global` each
   worker takes its rows of every batch (`data.split_batches`), under `--batch per-worker` whole batches
-  (`data.shard`). Data hvdkeras
-  cannot split (NumPy sliced by hand, a dataset iterated inside a tf.function or through a tf.distribute
-  strategy) is left whole: each worker computes every batch, which equals one process, and rank 0 warns once,
+  (`data.shard`). Data hvdkeras cannot split (NumPy sliced by hand, a dataset iterated inside a tf.function
+  or through a tf.distribute strategy) is left whole: each worker computes every batch, which equals one process, and rank 0 warns once,
   at the first update, that the loop's data is not split and what to change;
 - once a loop's data is split, a Keras metric's `result()` read by the script (eagerly) is computed from the
   metric's states summed across the workers (`metric_states.global_result`), so the loop prints the numbers
