@@ -18,8 +18,8 @@ model per worker. Installed as the patch "loops" (part of `wrap.install`), this 
   `iter(dataset)`, eagerly) and has not sharded itself is split as fit splits it: under `--batch global` each
   worker takes its rows of every batch (`data.split_batches`), under `--batch per-worker` whole batches
   (`data.shard`). Data hvdkeras cannot split (NumPy sliced by hand, a dataset iterated inside a tf.function
-  or through a tf.distribute strategy) is left whole: each worker computes every batch, which equals one process, and rank 0 warns once,
-  at the first update, that the loop's data is not split and what to change;
+  or through a tf.distribute strategy) is left whole: each worker computes every batch, which equals one
+  process, and rank 0 warns once, at the first update, that the loop's data is not split and what to change;
 - once a loop's data is split, a Keras metric's `result()` read by the script (eagerly) is computed from the
   metric's states summed across the workers (`metric_states.global_result`), so the loop prints the numbers
   one process prints for its Keras metrics; the script's own tensors (a loss it prints) stay each worker's.
@@ -91,6 +91,8 @@ def _split_iteration(dataset_iter):
         if (how is None or not C.is_initialized() or C.size() == 1 or not tf.executing_eagerly()
                 or not script_writes.from_script(sys._getframe(1)) or not data.loop_splittable(dataset)):
             return dataset_iter(dataset)
+        if how == "per-worker" and dataset.cardinality() == tf.data.INFINITE_CARDINALITY:
+            return dataset_iter(dataset)  # whole batches cannot be dealt out of an endless stream: left whole
         _state["split_any"] = True
         return dataset_iter(data.split_batches(dataset) if how == "global" else data.shard(dataset))
 

@@ -141,6 +141,20 @@ def test_unbatched_or_self_sharded_datasets_stay_whole(split_as_rank1):
     assert loops._state["split_any"] is False
 
 
+def test_per_worker_deals_whole_batches_and_leaves_an_endless_stream_whole(hvd, monkeypatch, fake_seam):
+    fake_seam.set(size=2)
+    fake_seam.set(rank=1)
+    loops.install(batch="per-worker")
+    try:
+        ds = tf.data.Dataset.from_tensor_slices(np.arange(8, dtype="float32").reshape(4, 2)).batch(1)
+        assert _first_column(ds) == [[2.0], [6.0]]  # batches 1 and 3: every second whole batch
+        endless = ds.repeat()
+        assert [b.shape[0] for b, _ in zip(endless, range(3))] == [1, 1, 1]
+        assert _first_column(b for b, _ in zip(endless, range(2))) == [[0.0], [2.0]]  # all of it, in order
+    finally:
+        loops.uninstall()
+
+
 def test_no_split_under_no_shard(hvd, monkeypatch):
     monkeypatch.setattr(C, "size", lambda: 2)
     loops.install(batch=None)
