@@ -25,7 +25,8 @@ model per worker. Installed as the patch "loops" (part of `wrap.install`), this 
   one process prints for its Keras metrics; the script's own tensors (a loss it prints) stay each worker's.
 
 Refused with one clear error: an update inside `tf.function(jit_compile=True)`, where Horovod's collectives
-cannot be compiled.
+cannot be compiled. Said once: `tf.clip_by_global_norm` in the script on split data clips each worker's
+gradient before the average (one process clips the average); the optimizer's `global_clipnorm` does not.
 """
 
 from __future__ import annotations
@@ -77,6 +78,7 @@ def install(options: ReductionOptions | None = None, batch: str | None = None) -
     changes.append((tf.data.Dataset, "__iter__", _split_iteration(vars(tf.data.Dataset)["__iter__"])))
     changes += [(cls, "result", _global_result(vars(cls)["result"])) for cls in _metric_classes()]
     changes.append((Metric, "__init_subclass__", classmethod(_wrap_new_metric)))
+    changes.append((tf, "clip_by_global_norm", _clip_said(tf.clip_by_global_norm)))
     return patches.install(PATCH, changes)
 
 
@@ -98,6 +100,29 @@ def _split_iteration(dataset_iter):
 
     __iter__.__wrapped__ = dataset_iter
     return __iter__
+
+
+CLIPPED_BEFORE = (
+    "hvdkeras: the loop clips its gradients by their global norm (tf.clip_by_global_norm) before the optimizer "
+    "applies them, and its data is split: each worker clips the gradient of its part of the batch, and hvdkeras "
+    "averages the clipped gradients in the optimizer, where one process clips the gradient of the whole batch. "
+    "The job still trains one model. To clip as one process does, give the optimizer global_clipnorm=... (or "
+    "clipnorm=...), which sees the averaged gradients, or reduce first with hvdkeras.DistributedGradientTape.")
+
+
+def _clip_said(tf_clip_by_global_norm):
+    def clip_by_global_norm(t_list, clip_norm, use_norm=None, name=None):
+        if (_state["split_any"] and C.is_initialized() and C.size() > 1 and "clip" not in _state["warned"]
+                and script_writes.from_script(sys._getframe(1))
+                and not any(reduction.is_reduced(t) for t in tf.nest.flatten(t_list))):
+            _state["warned"].add("clip")
+            if rank_zero.is_rank_zero():
+                warnings.warn(CLIPPED_BEFORE, stacklevel=2)
+        return tf_clip_by_global_norm(t_list, clip_norm, use_norm=use_norm, name=name)
+
+    clip_by_global_norm.__wrapped__ = tf_clip_by_global_norm
+    clip_by_global_norm.__doc__ = tf_clip_by_global_norm.__doc__
+    return clip_by_global_norm
 
 
 def _metric_classes() -> list[type]:

@@ -1,6 +1,8 @@
 """The "loops" patch in one process, the seam faked as two workers: every Keras optimizer's update reduces its
 gradients once, at the outermost optimizer, and broadcasts before its first update; XLA is refused."""
 
+import warnings
+
 import keras
 import numpy as np
 import pytest
@@ -193,3 +195,19 @@ def test_keras_metric_results_are_global_once_the_data_is_split(split_as_rank1, 
 
     Custom().result()
     assert summed == ["hvdkeras.loop_metrics"] * 2
+
+
+def test_clipping_in_the_loop_on_split_data_is_said_once(split_as_rank1, monkeypatch):
+    monkeypatch.setattr(loops.rank_zero, "is_rank_zero", lambda: True)
+    grads = [tf.constant([3.0, 4.0])]
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        tf.clip_by_global_norm(grads, 1.0)  # nothing split yet: the gradient is one process's
+        for _ in tf.data.Dataset.from_tensor_slices(np.zeros((4, 1), "float32")).batch(2):
+            pass
+        clipped, norm = tf.clip_by_global_norm(grads, 1.0)
+        tf.clip_by_global_norm(grads, 1.0)
+    messages = [str(w.message) for w in said if "clips its gradients" in str(w.message)]
+    assert len(messages) == 1 and "global_clipnorm" in messages[0]
+    np.testing.assert_allclose(norm, 5.0)
+    np.testing.assert_allclose(clipped[0], [0.6, 0.8])
