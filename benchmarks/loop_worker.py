@@ -20,8 +20,7 @@ import json
 import os
 
 import tensorflow as tf
-from net_worker import MODELS, dataset, fit_runner, loop_runner, measure, set_threads
-from peer_loops import horovod_tape_step
+from net_worker import MODELS, dataset, fit_runner, horovod_tape_runner, loop_runner, measure, set_threads
 
 
 def tape_step(model, optimizer, loss_fn, wrap_tape):
@@ -72,12 +71,7 @@ def keras3_runners(model_name, rank, barrier):
             loops.uninstall()
 
     runners["unmodified"] = loop(lambda tape: tape, first=traced_with_the_patch)
-    m = make(keras)
-    opt = keras.optimizers.SGD(0.001)
-    opt.build(m.trainable_variables)
-    it = iter(data)
-    step = horovod_tape_step(m, opt, loss)
-    runners["horovod_tape"] = loop_runner(lambda: float(step(next(it))), barrier)
+    runners["horovod_tape"] = horovod_tape_runner(keras, make, data, loss, barrier)
     return runners
 
 

@@ -135,6 +135,16 @@ def loop_runner(step_fn, barrier):
     return run
 
 
+def horovod_tape_runner(keras, make, data, loss, barrier):
+    """Horovod's own DistributedGradientTape loop on a fresh Keras 3 model `make(keras)`, with plain SGD."""
+    model = make(keras)
+    opt = keras.optimizers.SGD(0.001)
+    opt.build(model.trainable_variables)
+    it = iter(data)
+    step = horovod_tape_step(model, opt, loss)
+    return loop_runner(lambda: float(step(next(it))), barrier)
+
+
 def measure(runners: dict, steps: int, rounds: int, warmup: int) -> tuple[dict, dict, dict]:
     for run in runners.values():
         run(warmup)
@@ -250,12 +260,7 @@ def keras3_runners(model_name, rank, sweep, compute="cpu", calibration_file=None
                   jit_compile=False)
         runners[variant] = fit_runner(keras, m, data, barrier)
 
-    m = make(keras)
-    opt = keras.optimizers.SGD(0.001)
-    opt.build(m.trainable_variables)
-    it = iter(data)
-    tape_step = horovod_tape_step(m, opt, loss)
-    runners["horovod_tape"] = loop_runner(lambda: float(tape_step(next(it))), barrier)
+    runners["horovod_tape"] = horovod_tape_runner(keras, make, data, loss, barrier)
     m = make(keras)
     opt = hvd.DistributedOptimizer(keras.optimizers.SGD(0.001))
     opt.build(m.trainable_variables)

@@ -156,11 +156,13 @@ def allreduce(
 
 
 def reducescatter(tensor: tf.Tensor, op: int = Average, name: str | None = None,
-                  process_set: Any = global_process_set) -> tf.Tensor:
+                  process_set: Any = global_process_set, prescale_factor: float = 1.0,
+                  postscale_factor: float = 1.0) -> tf.Tensor:
     """Reduces `tensor` across workers and returns this worker's rows of the result: the first dimension is
     cut into `size` parts, the first `dim0 % size` workers getting one row more."""
     _require_init()
-    return _hvd.reducescatter(tensor, op=op, name=name, ignore_name_scope=name is not None, process_set=process_set)
+    return _hvd.reducescatter(tensor, op=op, name=name, ignore_name_scope=name is not None, process_set=process_set,
+                              prescale_factor=prescale_factor, postscale_factor=postscale_factor)
 
 
 def grouped_reducescatter(tensors: Sequence[tf.Tensor], op: int = Average, name: str | None = None,

@@ -88,8 +88,8 @@ def reducescatter(value: Any, name: str | None = None, op: int = Average,
     compressor = _compression.get(compression)
     sent, ctx = compressor.compress(to_tensor(value))
     with tf.device(device_dense):
-        out = C.grouped_reducescatter([sent], op=C.check_op(op), name=name, process_set=process_set,
-                                      prescale_factor=prescale_factor, postscale_factor=postscale_factor)[0]
+        out = C.reducescatter(sent, op=C.check_op(op), name=name, process_set=process_set,
+                              prescale_factor=prescale_factor, postscale_factor=postscale_factor)
     return compressor.decompress(out, ctx)
 
 

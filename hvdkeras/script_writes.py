@@ -48,6 +48,7 @@ _LIBRARY_DIRS = tuple(
     os.path.realpath(p) + os.sep for p in {sysconfig.get_paths()[k] for k in ("stdlib", "platstdlib", "purelib",
                                                                              "platlib")})
 _PACKAGE_DIR = os.path.dirname(os.path.realpath(__file__)) + os.sep
+_OS_FILE = os.path.realpath(os.__file__)
 
 
 def install(job_start: float, wait_seconds: float = DEFAULT_WAIT_SECONDS) -> bool:
@@ -82,7 +83,7 @@ def _rank() -> int:
 def from_script(frame: Any) -> bool:
     """Whether `frame`'s code is the script's own: not Python's library, an installed package or hvdkeras.
     Frames of os.py itself (os.makedirs calling os.mkdir) are looked through."""
-    while frame is not None and os.path.realpath(frame.f_code.co_filename) == os.path.realpath(os.__file__):
+    while frame is not None and os.path.realpath(frame.f_code.co_filename) == _OS_FILE:
         frame = frame.f_back
     if frame is None:
         return False
