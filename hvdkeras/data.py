@@ -180,6 +180,11 @@ def loop_splittable(dataset: tf.data.Dataset) -> bool:
     return bool(ops & _BATCH_OPS) and not ops & {"UnbatchDataset", "ExperimentalUnbatchDataset", *_SHARD_OPS}
 
 
+def shards_itself(dataset: tf.data.Dataset) -> bool:
+    """Whether a dataset's pipeline shards its data itself (a `shard()` stage)."""
+    return bool(_pipeline_ops(dataset) & _SHARD_OPS)
+
+
 def _count(dataset: tf.data.Dataset) -> int:
     return int(dataset.reduce(np.int64(0), lambda count, _: count + 1))
 

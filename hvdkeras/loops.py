@@ -17,9 +17,11 @@ model per worker. Installed as the patch "loops" (part of `wrap.install`), this 
 - the loop's data: a batched `tf.data.Dataset` that the script iterates itself (`for x, y in dataset`, or
   `iter(dataset)`, eagerly) and has not sharded itself is split as fit splits it: under `--batch global` each
   worker takes its rows of every batch (`data.split_batches`), under `--batch per-worker` whole batches
-  (`data.shard`). Data hvdkeras cannot split (NumPy sliced by hand, a dataset iterated inside a tf.function
-  or through a tf.distribute strategy) is left whole: each worker computes every batch, which equals one
-  process, and rank 0 warns once, at the first update, that the loop's data is not split and what to change;
+  (`data.shard`); a dataset the script gives its tf.distribute strategy is split by strategy_loops.py, where
+  the workers become more replicas of the strategy. Data hvdkeras cannot split (NumPy sliced by hand, a
+  dataset iterated inside a tf.function or sharded by the script) is left whole: each worker computes every
+  batch, which equals one process, and rank 0 warns once, at the first update, that the loop's data is not
+  split and what to change;
 - once a loop's data is split, a Keras metric's `result()` read by the script (eagerly) is computed from the
   metric's states summed across the workers (`metric_states.global_result`), so the loop prints the numbers
   one process prints for its Keras metrics; the script's own tensors (a loss it prints) stay each worker's.
@@ -31,9 +33,11 @@ gradient before the average (one process clips the average); the optimizer's `gl
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import sys
 import warnings
+import weakref
 from typing import Any
 
 import keras
@@ -42,7 +46,7 @@ from keras.src.metrics.metric import Metric
 from keras.src.optimizers.base_optimizer import BaseOptimizer
 
 from hvdkeras import _collectives as C
-from hvdkeras import collectives, data, metric_states, patches, rank_zero, reduction, script_writes
+from hvdkeras import collectives, data, metric_states, patches, rank_zero, reduction, script_writes, strategy_loops
 from hvdkeras.reduction import ReductionOptions
 from hvdkeras.variables import var_id
 
@@ -50,12 +54,14 @@ log = logging.getLogger("hvdkeras")
 PATCH = "loops"
 # split: how the script's own iteration of a batched dataset is split (None: not at all); split_any: whether a
 # dataset was split in this process, from which on Keras metric results are global.
-_state: dict[str, Any] = {"options": None, "names": {}, "warned": set(), "split": None, "split_any": False}
+# handled: the datasets a strategy of the script gave back already split (or left whole), not split again.
+_state: dict[str, Any] = {"options": None, "names": {}, "warned": set(), "split": None, "split_any": False,
+                          "handled": weakref.WeakSet()}
 
 NOT_SPLIT = (
     "hvdkeras: the script trains in a loop of its own (its optimizer's apply_gradients or apply), and the loop's "
     "data is not split: it is no batched tf.data.Dataset that the script iterates eagerly (NumPy sliced by hand, "
-    "a dataset iterated in a tf.function or through a tf.distribute strategy), so each worker computes every "
+    "a dataset iterated in a tf.function), so each worker computes every "
     "batch and the workers' gradients are averaged; the job trains one model, as one process would, at one "
     "process's speed. To split the data, iterate a batched tf.data.Dataset in Python, pass the data to "
     "model.fit, or shard it in the script (dataset.shard(hvdkeras.size(), hvdkeras.rank())) and run with "
@@ -79,6 +85,7 @@ def install(options: ReductionOptions | None = None, batch: str | None = None) -
     changes += [(cls, "result", _global_result(vars(cls)["result"])) for cls in _metric_classes()]
     changes.append((Metric, "__init_subclass__", classmethod(_wrap_new_metric)))
     changes.append((tf, "clip_by_global_norm", _clip_said(tf.clip_by_global_norm)))
+    changes += strategy_loops.changes(_state, split_for_loop)
     return patches.install(PATCH, changes)
 
 
@@ -89,17 +96,27 @@ def uninstall() -> bool:
 
 def _split_iteration(dataset_iter):
     def __iter__(dataset):  # noqa: N807 - tf.data.Dataset.__iter__, patched
-        how = _state["split"]
-        if (how is None or not C.is_initialized() or C.size() == 1 or not tf.executing_eagerly()
-                or not script_writes.from_script(sys._getframe(1)) or not data.loop_splittable(dataset)):
-            return dataset_iter(dataset)
-        if how == "per-worker" and dataset.cardinality() == tf.data.INFINITE_CARDINALITY:
-            return dataset_iter(dataset)  # whole batches cannot be dealt out of an endless stream: left whole
-        _state["split_any"] = True
-        return dataset_iter(data.split_batches(dataset) if how == "global" else data.shard(dataset))
+        mine = None
+        if tf.executing_eagerly() and script_writes.from_script(sys._getframe(1)):
+            mine = split_for_loop(dataset)
+        return dataset_iter(dataset if mine is None else mine)
 
     __iter__.__wrapped__ = dataset_iter
     return __iter__
+
+
+def split_for_loop(dataset: tf.data.Dataset) -> tf.data.Dataset | None:
+    """This worker's part of a dataset the script's loop iterates (or distributes with its strategy), by the
+    --batch convention; None where it stays whole: no convention, one worker, a dataset that yields no batches
+    or that the script shards itself, or whole batches of an endless stream under --batch per-worker."""
+    how = _state["split"]
+    if (how is None or not C.is_initialized() or C.size() == 1 or dataset in _state["handled"]
+            or not data.loop_splittable(dataset)):
+        return None
+    if how == "per-worker" and dataset.cardinality() == tf.data.INFINITE_CARDINALITY:
+        return None
+    _state["split_any"] = True
+    return data.split_batches(dataset) if how == "global" else data.shard(dataset)
 
 
 CLIPPED_BEFORE = (
@@ -179,12 +196,23 @@ def _data_parallel(keras_apply):
             if variables is None:  # Keras's own error: an unbuilt optimizer needs the variables
                 return keras_apply(optimizer, grads, trainable_variables)
             _sync_before_first_update(optimizer, variables)
-            reduced = reduction.reduce_gradients(grads, variables, _state["options"], name=_name_for(optimizer))
+            reduced = reduction.reduce_gradients(grads, variables, _options(), name=_name_for(optimizer))
             return keras_apply(optimizer, reduced, trainable_variables)
 
     apply.__wrapped__ = keras_apply
     apply.__doc__ = keras_apply.__doc__
     return apply
+
+
+def _options() -> ReductionOptions:
+    """The loops' reduction: the workers' gradients averaged, or summed in the script's strategy.run on split
+    data (strategy_loops.py), where each replica's loss is already divided by the global batch."""
+    options = _state["options"]
+    if not strategy_loops.summing():
+        return options
+    if _state.get("summed_from") is not options:
+        _state.update(summed_from=options, summed=dataclasses.replace(options, op=C.Sum, gradient_predivide_factor=1.0))
+    return _state["summed"]
 
 
 def _name_for(optimizer: Any) -> str:

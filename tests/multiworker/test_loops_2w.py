@@ -54,3 +54,30 @@ def test_an_update_inside_xla_is_refused_with_what_to_do(ranks):
 def test_the_unsplit_data_is_said_once(ranks):
     lines = [line for line in ranks["output"].splitlines() if "the loop's data is not split" in line]
     assert len(lines) == 1 and lines[0].startswith("[0]"), lines
+
+
+def test_a_mirrored_strategy_loop_splits_the_global_batch_and_trains_as_one_process(ranks):
+    # experimental_distribute_dataset: each worker its 8 rows of every batch of 16; the Keras loss's division
+    # by the replicas counts both workers, the gradients are summed, and reduce(SUM) adds the workers' losses.
+    for r in (0, 1):
+        got = ranks[r]["mirrored"]
+        assert got["rows"] == [[8], [8]]
+        assert got["losses"] == pytest.approx(got["expected_losses"], rel=1e-5)
+        assert got["weights"] == pytest.approx(got["expected_weights"], rel=1e-5)
+
+
+def test_distribute_datasets_from_function_counts_every_workers_pipelines_and_replicas(ranks):
+    # The input context: 2 pipelines and 2 replicas in all, this worker's id, a per-replica batch of 16 / 2;
+    # compute_average_loss's default divides by the rows of both workers (13 in the uneven last batch), and
+    # reduce(MEAN, axis=0) is the mean over every row.
+    for r in (0, 1):
+        got = ranks[r]["from_function"]
+        assert got["contexts"] == [[2, r, 2, 8]]
+        assert got["losses"] == pytest.approx(got["expected_losses"], rel=1e-5)
+        assert got["weights"] == pytest.approx(got["expected_weights"], rel=1e-5)
+
+
+def test_a_strategy_loss_averaged_over_the_replicas_rows_is_said_once(ranks):
+    assert ranks[0]["local_mean_weights"] == ranks[1]["local_mean_weights"]
+    lines = [line for line in ranks["output"].splitlines() if "none of tf.distribute's scalings" in line]
+    assert len(lines) == 1 and lines[0].startswith("[0]"), lines

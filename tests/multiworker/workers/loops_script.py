@@ -122,5 +122,98 @@ try:
 except RuntimeError as error:
     result["xla_error"] = str(error)
 
+# 6-8. strategy.run loops: the workers are more replicas of the script's strategy. The same data on every rank;
+# a linear model trained by SGD, its weights and losses checked against one process's, computed here in NumPy.
+feats = np.linspace(-1.0, 1.0, 45 * 3, dtype="float32").reshape(45, 3)
+target = (feats @ np.array([[1.0], [-2.0], [0.5]], "float32") + 0.1).astype("float32")
+
+
+def one_process(batches, lr=0.1):
+    """One process's SGD on the global batches: its weights and each step's mean loss."""
+    w, losses = np.zeros((3, 1), "float64"), []
+    for rows in batches:
+        xb, yb = feats[rows].astype("float64"), target[rows].astype("float64")
+        err = xb @ w - yb
+        losses.append(float(np.mean(err ** 2)))
+        w -= lr * 2.0 * xb.T @ err / len(rows)
+    return w, losses
+
+
+def linear():
+    return keras.Sequential([keras.Input((3,)), keras.layers.Dense(1, use_bias=False, kernel_initializer="zeros")])
+
+
+# 6. MirroredStrategy, experimental_distribute_dataset, a Keras loss (divided by the replicas), reduce(SUM), eager
+strategy = tf.distribute.MirroredStrategy()
+with strategy.scope():
+    model, opt, mse = linear(), keras.optimizers.SGD(0.1), keras.losses.MeanSquaredError()
+
+
+def replica_step(inputs):
+    xb, yb = inputs
+    with tf.GradientTape() as tape:
+        loss = mse(yb, model(xb))
+    opt.apply_gradients(zip(tape.gradient(loss, model.trainable_variables), model.trainable_variables))
+    return loss, tf.shape(xb)[0]
+
+
+losses, rows = [], []
+for batch in strategy.experimental_distribute_dataset(tf.data.Dataset.from_tensor_slices((feats[:32], target[:32])).batch(16)):
+    loss, n = strategy.run(replica_step, args=(batch,))
+    losses.append(float(strategy.reduce(tf.distribute.ReduceOp.SUM, loss, axis=None)))
+    rows.append([int(v) for v in strategy.experimental_local_results(n)])
+w, expected = one_process([range(0, 16), range(16, 32)])
+result["mirrored"] = {"rows": rows, "losses": losses, "expected_losses": expected,
+                      "weights": model.get_weights()[0].ravel().tolist(), "expected_weights": w.ravel().tolist()}
+
+# 7. the default strategy, distribute_datasets_from_function sharding by the input context, in a tf.function:
+# compute_average_loss's default global batch, reduce(MEAN, axis=0) over every row, an uneven last batch
+strategy = tf.distribute.get_strategy()
+model, opt = linear(), keras.optimizers.SGD(0.1)
+contexts = []
+
+
+def dataset_fn(context):
+    contexts.append([context.num_input_pipelines, context.input_pipeline_id, context.num_replicas_in_sync,
+                     context.get_per_replica_batch_size(16)])
+    dataset = tf.data.Dataset.from_tensor_slices((feats, target))
+    dataset = dataset.shard(context.num_input_pipelines, context.input_pipeline_id)
+    return dataset.batch(context.get_per_replica_batch_size(16))
+
+
+def replica_step_2(xb, yb):
+    with tf.GradientTape() as tape:
+        per_example = tf.reduce_mean(tf.square(model(xb) - yb), axis=1)
+        loss = tf.nn.compute_average_loss(per_example)
+    opt.apply_gradients(zip(tape.gradient(loss, model.trainable_variables), model.trainable_variables))
+    return per_example
+
+
+@tf.function
+def distributed_step(xb, yb):
+    per_example = strategy.run(replica_step_2, args=(xb, yb))
+    return strategy.reduce("MEAN", per_example, axis=0)
+
+
+losses = [float(distributed_step(xb, yb)) for xb, yb in strategy.distribute_datasets_from_function(dataset_fn)]
+w, expected = one_process([range(0, 16), range(16, 32), range(32, 45)])
+result["from_function"] = {"contexts": contexts, "losses": losses, "expected_losses": expected,
+                           "weights": model.get_weights()[0].ravel().tolist(), "expected_weights": w.ravel().tolist()}
+
+# 8. a loss averaged over the replica's own rows in strategy.run on split data: said once, by rank 0
+model, opt = linear(), keras.optimizers.SGD(0.1)
+
+
+def local_mean_step(inputs):
+    xb, yb = inputs
+    with tf.GradientTape() as tape:
+        loss = tf.reduce_mean(tf.square(model(xb) - yb))
+    opt.apply_gradients(zip(tape.gradient(loss, model.trainable_variables), model.trainable_variables))
+
+
+for batch in strategy.experimental_distribute_dataset(tf.data.Dataset.from_tensor_slices((feats, target)).batch(16)):
+    strategy.run(local_mean_step, args=(batch,))
+result["local_mean_weights"] = digest(model.get_weights())
+
 with open(os.path.join(out, f"rank{rank}.json"), "w") as f:
     json.dump(result, f)
