@@ -16,7 +16,11 @@ Importing hvdkeras changes nothing in Keras. The patches, by name:
   Keras's own output; a filter on the "absl" and "tensorflow" loggers drops their records below ERROR there.
 - "loops" (`loops.install`): `apply` of Keras's base optimizer and LossScaleOptimizer all-reduces the gradients
   of a script's own training loop at the outermost optimizer, and broadcasts rank 0's variables before the
-  optimizer's first update.
+  optimizer's first update; `tf.data.Dataset.__iter__` splits the batches the script iterates, and Keras
+  metrics' `result` reads the global states; with strategy_loops.py, the `tf.distribute` strategies'
+  `experimental_distribute_dataset`, `distribute_datasets_from_function`, `run` and `reduce`,
+  `tf.nn.compute_average_loss`, `tf.nn.scale_regularization_loss` and Keras's loss scaling for distribution
+  make the workers more replicas of the script's strategy.
 - "script_writes" (`script_writes.install`): the script's own `os.mkdir` / `os.makedirs`, TensorFlow checkpoints
   (`tf.train.Checkpoint._write`, `restore`) and `tf.summary.create_file_writer`: rank 0 writes, the other ranks
   see its result.

@@ -158,7 +158,8 @@ def replica_step(inputs):
 
 
 losses, rows = [], []
-for batch in strategy.experimental_distribute_dataset(tf.data.Dataset.from_tensor_slices((feats[:32], target[:32])).batch(16)):
+first_32 = tf.data.Dataset.from_tensor_slices((feats[:32], target[:32])).batch(16)
+for batch in strategy.experimental_distribute_dataset(first_32):
     loss, n = strategy.run(replica_step, args=(batch,))
     losses.append(float(strategy.reduce(tf.distribute.ReduceOp.SUM, loss, axis=None)))
     rows.append([int(v) for v in strategy.experimental_local_results(n)])
