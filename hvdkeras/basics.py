@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 from hvdkeras import _collectives as C
-from hvdkeras import patches, sync_batch_norm, tf2
+from hvdkeras import loops, patches, script_writes, sync_batch_norm, tf2
 from hvdkeras.job import lifecycle
 from hvdkeras.job.lifecycle import pin_gpu
 
@@ -38,6 +39,8 @@ def init(comm: Any = None, process_sets: Any = None, pin_gpus: bool = True) -> N
         >>> hvd.rank(), hvd.size()
     """
     lifecycle.start(comm, process_sets)
+    if script_writes.from_script(sys._getframe(1)):
+        loops.leave_data()  # the script uses the explicit API: under `hvdkeras run` its loops' data is its own
     sync_batch_norm.install()
     tf2.install_variables_call()
     if pin_gpus:

@@ -55,8 +55,9 @@ PATCH = "loops"
 # split: how the script's own iteration of a batched dataset is split (None: not at all); split_any: whether a
 # dataset was split in this process, from which on Keras metric results are global.
 # handled: the datasets a strategy of the script gave back already split (or left whole), not split again.
+# explicit: the script called hvdkeras.init() itself (leave_data).
 _state: dict[str, Any] = {"options": None, "names": {}, "warned": set(), "split": None, "split_any": False,
-                          "handled": weakref.WeakSet()}
+                          "handled": weakref.WeakSet(), "explicit": False}
 
 NOT_SPLIT = (
     "hvdkeras: the script trains in a loop of its own (its optimizer's apply_gradients or apply), and the loop's "
@@ -78,7 +79,7 @@ def install(options: ReductionOptions | None = None, batch: str | None = None) -
     """
     if batch not in ("global", "per-worker", None):
         raise ValueError(f"`batch` must be 'global', 'per-worker' or None. Received: batch={batch!r}")
-    _state.update(options=options or ReductionOptions(), split=batch, split_any=False)
+    _state.update(options=options or ReductionOptions(), split=batch, split_any=False, explicit=False)
     changes = [(owner, "apply", _data_parallel(vars(owner)["apply"]))
                for owner in (BaseOptimizer, keras.optimizers.LossScaleOptimizer)]
     changes.append((tf.data.Dataset, "__iter__", _split_iteration(vars(tf.data.Dataset)["__iter__"])))
@@ -105,12 +106,19 @@ def _split_iteration(dataset_iter):
     return __iter__
 
 
+def leave_data() -> None:
+    """The script called `hvdkeras.init()` itself: it uses the explicit API (a DistributedGradientTape, or
+    Horovod's TF2 pattern), in which each worker's data is what the script gives it, so its loops' datasets are
+    not split (as a model the script compiles with a DistributedOptimizer is left as it made it)."""
+    _state["explicit"] = True
+
+
 def split_for_loop(dataset: tf.data.Dataset) -> tf.data.Dataset | None:
     """This worker's part of a dataset the script's loop iterates (or distributes with its strategy), by the
     --batch convention; None where it stays whole: no convention, one worker, a dataset that yields no batches
     or that the script shards itself, or whole batches of an endless stream under --batch per-worker."""
     how = _state["split"]
-    if (how is None or not C.is_initialized() or C.size() == 1 or dataset in _state["handled"]
+    if (how is None or _state["explicit"] or not C.is_initialized() or C.size() == 1 or dataset in _state["handled"]
             or not data.loop_splittable(dataset)):
         return None
     if how == "per-worker" and dataset.cardinality() == tf.data.INFINITE_CARDINALITY:
@@ -240,7 +248,7 @@ def _sync_before_first_update(optimizer: Any, variables: list) -> None:
             optimizer.built = True
         collectives.broadcast_variables(new + list(optimizer.variables), root_rank=0)
     synced.update(var_id(v) for v in new)
-    if not _state["split_any"] and "not-split" not in _state["warned"]:
+    if not _state["split_any"] and not _state["explicit"] and "not-split" not in _state["warned"]:
         _state["warned"].add("not-split")
         if rank_zero.is_rank_zero():
             warnings.warn(NOT_SPLIT, stacklevel=4)

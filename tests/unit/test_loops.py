@@ -143,6 +143,22 @@ def test_unbatched_or_self_sharded_datasets_stay_whole(split_as_rank1):
     assert loops._state["split_any"] is False
 
 
+def test_a_script_that_calls_init_itself_keeps_its_loops_data(split_as_rank1, hvd):
+    # The explicit API (Horovod's TF2 pattern: hvd.init(), a DistributedGradientTape): each worker's batch is
+    # the script's, as under horovodrun, and no warning says the data is not split.
+    hvd.init()
+    ds = tf.data.Dataset.from_tensor_slices(np.arange(12, dtype="float32").reshape(6, 2)).batch(4)
+    assert _first_column(ds) == [[0.0, 2.0, 4.0, 6.0], [8.0, 10.0]]
+    assert _first_column(tf.distribute.get_strategy().experimental_distribute_dataset(ds)) == _first_column(ds)
+    model, opt = _model(), keras.optimizers.SGD(0.1)
+    warned = loops._state["warned"]
+    warned.discard("not-split")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        opt.apply_gradients(zip(_grads(model), model.trainable_variables))
+    assert "not-split" not in warned
+
+
 def test_per_worker_deals_whole_batches_and_leaves_an_endless_stream_whole(hvd, monkeypatch, fake_seam):
     fake_seam.set(size=2)
     fake_seam.set(rank=1)
