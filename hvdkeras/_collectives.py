@@ -224,11 +224,12 @@ def broadcast(tensor: tf.Tensor, root_rank: int, name: str | None = None,
 
 
 def broadcast_variables(variables: Sequence[tf.Variable], root_rank: int,
-                        process_set: Any = global_process_set) -> None:
+                        process_set: Any = global_process_set, name: str = "hvdkeras.broadcast_variables") -> None:
     """Broadcasts tf.Variables in place: one broadcast per dtype of all variables packed together.
 
     Packing avoids one collective per variable, and the explicit names do not depend on how each process
-    named its variables or traced its functions (a process that created extra models has other names).
+    named its variables (a process that created extra models has other names); inside a tf.function they add
+    the packed tensor's name in the traced function, so two broadcasts in one step never share a name.
     Works eagerly and inside tf.function.
     """
     _require_init()
@@ -238,8 +239,12 @@ def broadcast_variables(variables: Sequence[tf.Variable], root_rank: int,
     for dtype in sorted(by_dtype, key=lambda d: d.name):
         group = by_dtype[dtype]
         flat = tf.concat([tf.reshape(v, [-1]) for v in group], axis=0)
-        flat = _hvd.broadcast(flat, root_rank, name=f"hvdkeras.broadcast_variables.{dtype.name}",
-                              ignore_name_scope=True, process_set=process_set)
+        full = f"{name}.{dtype.name}"
+        if not tf.executing_eagerly():
+            # Two broadcasts in one tf.function (a model's variables, then the optimizer's) may run at once: each
+            # is named by its place in the traced function, the same on every worker.
+            full += "." + flat.op.name.replace("/", ".")
+        flat = _hvd.broadcast(flat, root_rank, name=full, ignore_name_scope=True, process_set=process_set)
         offset = 0
         for var in group:
             n = int(var.shape.num_elements())

@@ -229,7 +229,8 @@ def check_in_sync(variables: Sequence[Any], when: str, hint: str = "") -> None:
 
 
 def broadcast_variables(variables: Iterable[Any], root_rank: int = 0, process_set: Any = C.global_process_set,
-                        inplace: bool = False, *, check: bool | None = None) -> None:
+                        inplace: bool = False, *, check: bool | None = None,
+                        name: str = "hvdkeras.broadcast_variables") -> None:
     """Sets every worker's variables to root_rank's values, in place (Horovod's `broadcast_variables`).
 
     Works with Keras 3 `keras.Variable`s (which have no `.ref()`), a Keras 3 optimizer's variables and
@@ -246,6 +247,8 @@ def broadcast_variables(variables: Iterable[Any], root_rank: int = 0, process_se
             and hvdkeras always assigns (one broadcast per dtype of all the variables packed together).
         check: keyword only; compare the workers' variables first (eagerly); default True unless
             HVDKERAS_CHECK_MODELS=0.
+        name: keyword only; the collectives' name, the same on every worker (hvdkeras's own broadcasts name
+            theirs, so that they never meet a broadcast of the script's in the same step).
 
     Raises:
         ValueError: the workers' variables differ (see `check_same_variables`), or a bad root_rank.
@@ -260,7 +263,7 @@ def broadcast_variables(variables: Iterable[Any], root_rank: int = 0, process_se
         check = settings.read().check_models
     if check and tf.executing_eagerly() and process_set is C.global_process_set:
         check_same_variables(variables)
-    C.broadcast_variables([tf_variable(v) for v in variables], root_rank, process_set=process_set)
+    C.broadcast_variables([tf_variable(v) for v in variables], root_rank, process_set=process_set, name=name)
 
 
 def broadcast_(variables: Iterable[Any], root_rank: int, name: str | None = None,

@@ -235,8 +235,9 @@ def _name_for(optimizer: Any) -> str:
 def _sync_before_first_update(optimizer: Any, variables: list) -> None:
     """Broadcasts rank 0's values of the variables this optimizer has not updated before, and its state, once.
 
-    Eagerly, at the first update; in a tf.function, when the step is first traced (under tf.init_scope, so it
-    runs then, once, before the traced step ever runs).
+    Eagerly, at the first update. In a tf.function, inside the traced step, guarded by a flag variable that the
+    first run of the step clears: a model built in the step's first trace (a Sequential without an Input)
+    has variables whose values exist only once that trace is done, so they cannot be read outside it.
     """
     synced = optimizer.__dict__.setdefault("_hvdkeras_synced", set())
     new = [v for v in variables if var_id(v) not in synced]
@@ -246,8 +247,29 @@ def _sync_before_first_update(optimizer: Any, variables: list) -> None:
         if not optimizer.built:
             optimizer.build(variables)
             optimizer.built = True
-        collectives.broadcast_variables(new + list(optimizer.variables), root_rank=0)
-    synced.update(var_id(v) for v in new)
+    everything = new + list(optimizer.variables)
+    key = frozenset(var_id(v) for v in new)
+    if tf.inside_function():
+        # tf.function may trace the step again before it first runs (once it made variables): every trace until
+        # the first run holds the guarded broadcast, with the same flag; a trace after it holds none.
+        pending = optimizer.__dict__.setdefault("_hvdkeras_pending", {})
+        with tf.init_scope():
+            if key not in pending:
+                pending[key] = tf.Variable(True, trainable=False, name="hvdkeras_broadcast_pending")
+            elif not bool(pending[key].numpy()):
+                synced.update(key)
+                return
+        flag = pending[key]
+
+        def broadcast():
+            collectives.broadcast_variables(everything, root_rank=0, check=False, name="hvdkeras.loop_sync")
+            flag.assign(False)
+            return tf.constant(True)
+
+        tf.cond(flag, broadcast, lambda: tf.constant(False))
+    else:
+        collectives.broadcast_variables(everything, root_rank=0, name="hvdkeras.loop_sync")
+        synced.update(key)
     if not _state["split_any"] and not _state["explicit"] and "not-split" not in _state["warned"]:
         _state["warned"].add("not-split")
         if rank_zero.is_rank_zero():

@@ -23,7 +23,14 @@ def two_workers(hvd, monkeypatch):
         return grouped(tensors, *args, **kwargs)
 
     def broadcast_variables(variables, root_rank=0, **kwargs):
-        calls["broadcast"] += 1
+        def count():
+            calls["broadcast"] += 1
+            return 0
+
+        if tf.inside_function():  # counted when the traced step runs it, not when it is traced
+            tf.py_function(count, [], tf.int32)
+        else:
+            count()
 
     monkeypatch.setattr(C, "size", lambda: 2)
     monkeypatch.setattr(C, "grouped_allreduce", grouped_allreduce)
@@ -227,3 +234,23 @@ def test_clipping_in_the_loop_on_split_data_is_said_once(split_as_rank1, monkeyp
     assert len(messages) == 1 and "global_clipnorm" in messages[0]
     np.testing.assert_allclose(norm, 5.0)
     np.testing.assert_allclose(clipped[0], [0.6, 0.8])
+
+
+def test_a_model_built_inside_the_traced_step_is_broadcast_inside_it_once(split_as_rank1):
+    # A Sequential without an Input builds its variables in the step's first trace, where their values exist
+    # only once the trace is done: the broadcast runs inside the step, the first time it runs.
+    model = keras.Sequential([keras.layers.Conv2D(2, 3), keras.layers.Flatten(), keras.layers.Dense(1)])
+    opt = keras.optimizers.SGD(0.01)
+    images = tf.ones((2, 5, 5, 1))
+
+    @tf.function
+    def step():
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean(model(images) ** 2)
+        opt.apply_gradients(zip(tape.gradient(loss, model.trainable_variables), model.trainable_variables))
+        return loss
+
+    first = float(step())
+    assert [bool(flag) for flag in opt._hvdkeras_pending.values()] == [False]
+    assert float(step()) < first
+    assert len(opt._hvdkeras_pending) == 1 and int(opt.iterations) == 2
