@@ -17,7 +17,7 @@ PYTEST_ARGS ?=
 LAB_PTH = -c "import site, sys; open(site.getsitepackages()[0] + '/hvdkeras-lab.pth', 'w').write(sys.argv[1] + '\n')" "$(CURDIR)/lab"
 NETBENCH_ARGS ?=
 
-.PHONY: install lab test test-fast demo bench netbench batchbench shardbench xlabench loopbench gpu-build lint clean
+.PHONY: install lab test test-fast demo bench netbench batchbench shardbench xlabench loopbench horovod-examples gpu-build lint clean
 
 install: $(STAMP)
 
@@ -78,6 +78,16 @@ xlabench: install lab
 # workers here and on the two test hosts at 200 Mbit/s (needs root); writes docs/loop_benchmark.json.
 loopbench: install lab
 	$(PY) benchmarks/loop_benchmark.py --out docs
+
+# Horovod's own TF2 examples (its MNIST and synthetic-benchmark scripts), their one import line changed, on 2 workers
+# by horovodrun and by `hvdkeras run`: each trains one model. HOROVOD_EXAMPLES is the examples/tensorflow2 folder
+# of a checkout of Horovod's repository (the examples are not in its package). Not part of `make test`.
+HOROVOD_EXAMPLES ?=
+EXAMPLES_OUT ?= /tmp/hvdkeras-horovod-examples
+
+horovod-examples: install
+	@test -n "$(HOROVOD_EXAMPLES)" || { echo "set HOROVOD_EXAMPLES to Horovod's examples/tensorflow2 folder"; exit 2; }
+	$(PY) scripts/horovod_examples.py $(HOROVOD_EXAMPLES) $(EXAMPLES_OUT)
 
 # Horovod with NCCL for the GPU TensorFlow, built and checked on a machine without a GPU, in a fresh venv of its
 # own (not part of `make test`): tensorflow[and-cuda], a CUDA 12.4 toolkit made in the venv from Debian's
