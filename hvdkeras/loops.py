@@ -44,11 +44,12 @@ import keras
 import tensorflow as tf
 from keras.src.metrics.metric import Metric
 from keras.src.optimizers.base_optimizer import BaseOptimizer
+from tensorflow.python.eager.polymorphic_function.polymorphic_function import UnliftedInitializerVariable
 
 from hvdkeras import _collectives as C
 from hvdkeras import collectives, data, metric_states, patches, rank_zero, reduction, script_writes, strategy_loops
 from hvdkeras.reduction import ReductionOptions
-from hvdkeras.variables import var_id
+from hvdkeras.variables import tf_variable, var_id
 
 log = logging.getLogger("hvdkeras")
 PATCH = "loops"
@@ -235,9 +236,10 @@ def _name_for(optimizer: Any) -> str:
 def _sync_before_first_update(optimizer: Any, variables: list) -> None:
     """Broadcasts rank 0's values of the variables this optimizer has not updated before, and its state, once.
 
-    Eagerly, at the first update. In a tf.function, inside the traced step, guarded by a flag variable that the
-    first run of the step clears: a model built in the step's first trace (a Sequential without an Input)
-    has variables whose values exist only once that trace is done, so they cannot be read outside it.
+    Eagerly, at the first update, or when a tf.function step is first traced (under tf.init_scope). A model
+    built in the step's first trace (a Sequential without an Input) has variables whose values exist only
+    once that trace is done: those are broadcast inside the traced step, guarded by a flag variable that the
+    first run of the step clears.
     """
     synced = optimizer.__dict__.setdefault("_hvdkeras_synced", set())
     new = [v for v in variables if var_id(v) not in synced]
@@ -249,9 +251,10 @@ def _sync_before_first_update(optimizer: Any, variables: list) -> None:
             optimizer.built = True
     everything = new + list(optimizer.variables)
     key = frozenset(var_id(v) for v in new)
-    if tf.inside_function():
-        # tf.function may trace the step again before it first runs (once it made variables): every trace until
-        # the first run holds the guarded broadcast, with the same flag; a trace after it holds none.
+    if tf.inside_function() and any(isinstance(tf_variable(v), UnliftedInitializerVariable) for v in new):
+        # Made in this trace, so readable only inside it. tf.function may trace the step again before it first
+        # runs (once it made variables): every trace until the first run holds the guarded broadcast, with the
+        # same flag; a trace after it holds none.
         pending = optimizer.__dict__.setdefault("_hvdkeras_pending", {})
         with tf.init_scope():
             if key not in pending:
@@ -268,7 +271,8 @@ def _sync_before_first_update(optimizer: Any, variables: list) -> None:
 
         tf.cond(flag, broadcast, lambda: tf.constant(False))
     else:
-        collectives.broadcast_variables(everything, root_rank=0, name="hvdkeras.loop_sync")
+        with tf.init_scope():
+            collectives.broadcast_variables(everything, root_rank=0, name="hvdkeras.loop_sync")
         synced.update(key)
     if not _state["split_any"] and not _state["explicit"] and "not-split" not in _state["warned"]:
         _state["warned"].add("not-split")

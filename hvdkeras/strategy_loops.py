@@ -125,7 +125,8 @@ def _from_script(frame: Any) -> bool:
 def _extends() -> bool:
     """Whether the workers are more replicas of the script's strategy: its data was split by the global batch."""
     loop = _state["loop"]
-    return _multi() and loop.get("split") == "global" and bool(loop.get("split_any"))
+    return (_multi() and loop.get("split") == "global" and bool(loop.get("split_any"))
+            and not loop.get("explicit"))
 
 
 def _wraps(wrapper: Any, original: Any) -> Any:

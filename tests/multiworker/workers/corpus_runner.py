@@ -79,6 +79,9 @@ def run(name: str, out: Path, rank: int) -> dict:
     os.chdir(folder)
     sys.argv = [str(CORPUS / f"{name}.py")]
     _watch.update(dir=str(folder.resolve()), writes=[])
+    loops = sys.modules.get("hvdkeras.loops")
+    if loops is not None:  # a script that called hvdkeras.init() itself marks only its own process explicit
+        loops._state["explicit"] = False
     start = time.monotonic()
     try:
         namespace = runpy.run_path(str(CORPUS / f"{name}.py"), run_name="__main__")
