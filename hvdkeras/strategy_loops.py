@@ -32,6 +32,7 @@ which gives every replica's gradient a weight of one in the sum, as on several G
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 import warnings
@@ -129,21 +130,16 @@ def _extends() -> bool:
             and not loop.get("explicit"))
 
 
-def _wraps(wrapper: Any, original: Any) -> Any:
-    wrapper.__wrapped__ = original
-    wrapper.__doc__ = original.__doc__
-    return wrapper
-
-
 def _distribute_dataset(split: Callable[[Any], Any]) -> Callable[[Any], Any]:
     def wrap(original):
+        @functools.wraps(original)
         def experimental_distribute_dataset(strategy, dataset, options=None):
             mine = None
             if isinstance(dataset, tf.data.Dataset) and _from_script(sys._getframe(1)):
                 mine = split(dataset)
             return _handled(original(strategy, dataset if mine is None else mine, options))
 
-        return _wraps(experimental_distribute_dataset, original)
+        return experimental_distribute_dataset
 
     return wrap
 
@@ -157,6 +153,7 @@ def _handled(distributed: Any) -> Any:
 
 
 def _distribute_from_function(original):
+    @functools.wraps(original)
     def distribute_datasets_from_function(strategy, dataset_fn, options=None):
         how = _state["loop"].get("split")
         if how is None or not _multi() or not _from_script(sys._getframe(1)):
@@ -178,10 +175,11 @@ def _distribute_from_function(original):
         _state["loop"]["split_any"] = True
         return _handled(original(strategy, this_workers, options))
 
-    return _wraps(distribute_datasets_from_function, original)
+    return distribute_datasets_from_function
 
 
 def _run(original):
+    @functools.wraps(original)
     def run(strategy, fn, *args, **kwargs):
         if not _extends() or not _from_script(sys._getframe(1)):
             return original(strategy, fn, *args, **kwargs)
@@ -199,7 +197,7 @@ def _run(original):
                 if rank_zero.is_rank_zero():
                     warnings.warn(LOCAL_MEAN, stacklevel=2)
 
-    return _wraps(run, original)
+    return run
 
 
 def _name(base: str) -> str | None:
@@ -208,6 +206,7 @@ def _name(base: str) -> str | None:
 
 
 def _reduce(original):
+    @functools.wraps(original)
     def reduce(strategy, reduce_op, value, *args, **kwargs):
         local = original(strategy, reduce_op, value, *args, **kwargs)
         if not _extends() or not _from_script(sys._getframe(1)):
@@ -227,10 +226,11 @@ def _reduce(original):
             return total[0] / total[1]
         return total / C.allreduce(rows, op=C.Sum, name=_name("hvdkeras.strategy.rows"))
 
-    return _wraps(reduce, original)
+    return reduce
 
 
 def _compute_average_loss(original):
+    @functools.wraps(original)
     def compute_average_loss(per_example_loss, sample_weight=None, global_batch_size=None):
         if _state["depth"] > 0:
             _state["scaled"] = True
@@ -240,10 +240,11 @@ def _compute_average_loss(original):
                 global_batch_size = rows * tf.distribute.get_strategy().num_replicas_in_sync
         return original(per_example_loss, sample_weight=sample_weight, global_batch_size=global_batch_size)
 
-    return _wraps(compute_average_loss, original)
+    return compute_average_loss
 
 
 def _scale_regularization_loss(original):
+    @functools.wraps(original)
     def scale_regularization_loss(regularization_loss):
         scaled = original(regularization_loss)
         if _state["depth"] == 0:
@@ -251,10 +252,11 @@ def _scale_regularization_loss(original):
         _state["scaled"] = True
         return scaled / tf.cast(C.size(), scaled.dtype)
 
-    return _wraps(scale_regularization_loss, original)
+    return scale_regularization_loss
 
 
 def _keras_scale(original, down: bool):
+    @functools.wraps(original)
     def scale(value):
         value = original(value)
         if _state["depth"] == 0:
@@ -263,4 +265,4 @@ def _keras_scale(original, down: bool):
         factor = 1.0 / C.size() if down else float(C.size())
         return value * tf.cast(factor, value.dtype)
 
-    return _wraps(scale, original)
+    return scale
