@@ -219,9 +219,7 @@ def _options() -> ReductionOptions:
     options = _state["options"]
     if not strategy_loops.summing():
         return options
-    if _state.get("summed_from") is not options:
-        _state.update(summed_from=options, summed=dataclasses.replace(options, op=C.Sum, gradient_predivide_factor=1.0))
-    return _state["summed"]
+    return dataclasses.replace(options, op=C.Sum, gradient_predivide_factor=1.0)
 
 
 def _name_for(optimizer: Any) -> str:
