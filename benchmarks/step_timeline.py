@@ -167,7 +167,10 @@ def record(lab, tmp: Path, rate: str, inter_op: int, steps: int, timeout: float,
     shares = [breakdown(step, peer) for step, peer in timed]
     return {"rate": rate, "inter_op": inter_op, "ranks": ranks,
             "step_ms": statistics.median((s["end"] - s["begin"]) * 1e3 for s, _ in timed),
-            "breakdown_ms": {k: statistics.median(s[k] for s in shares) for k in shares[0]}}
+            "breakdown_ms": {k: statistics.median(s[k] for s in shares) for k in shares[0]},
+            # each timed step of rank 0: its length and its eight shares, which add up to it
+            "timed_steps_ms": [{"step": (step["end"] - step["begin"]) * 1e3, **share}
+                               for (step, _), share in zip(timed, shares)]}
 
 
 def plot(runs: list[dict], path: Path) -> None:

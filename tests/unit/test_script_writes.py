@@ -23,9 +23,10 @@ def as_rank(monkeypatch):
     script_writes.uninstall()
 
 
-def _rank0_makes(*folders, after: float = 0.2) -> list:
-    """Rank 0, a moment later: makes `folders` with the plain os.mkdir; the list gets True for each it made (it
-    raises FileExistsError where rank 1 made the folder first, which rank 1 must not)."""
+def _rank0_makes(*folders, after: float = 0.2):
+    """Rank 0, a moment later: makes `folders` with the plain os.mkdir. Returns a function that waits for rank 0 to
+    finish and gives True for each folder it made (it raises FileExistsError where rank 1 made the folder first,
+    which rank 1 must not)."""
     made: list = []
 
     def make():
@@ -33,8 +34,14 @@ def _rank0_makes(*folders, after: float = 0.2) -> list:
             os.mkdir.__wrapped__(folder)
             made.append(True)
 
-    threading.Timer(after, make).start()
-    return made
+    timer = threading.Timer(after, make)
+    timer.start()
+
+    def done() -> list:
+        timer.join(timeout=10)  # rank 1 may return between rank 0's mkdir and its append
+        return made
+
+    return done
 
 
 def test_rank1_mkdir_waits_for_rank0s_folder_and_takes_it_as_its_own(as_rank, tmp_path):
@@ -42,10 +49,10 @@ def test_rank1_mkdir_waits_for_rank0s_folder_and_takes_it_as_its_own(as_rank, tm
     target = tmp_path / "ckpt"
     made = _rank0_makes(target)
     os.mkdir(target)  # the script's own call: waits for rank 0's folder, then returns as if it had made it
-    assert made == [True]
+    assert made() == [True]
     made = _rank0_makes(target / "a", target / "a" / "b")
     os.makedirs(target / "a" / "b")  # makedirs goes through mkdir: it waits too, and raises nothing
-    assert made == [True, True]
+    assert made() == [True, True]
 def test_a_folder_from_before_the_job_still_raises(as_rank, tmp_path):
     old = tmp_path / "old"
     old.mkdir()
