@@ -24,8 +24,8 @@ PY=${1:?usage: install_horovod.sh PYTHON}
 HVD_VERSION=0.28.1
 # Bumped whenever the patches below change, so neither an installed build nor a cached wheel made with
 # other patches is reused. The built package records it as horovod._hvdkeras_patches.
-PATCHES="no-xla-mpi-ops,gloo-process-set-iface,gloo-recv-before-send"
-PATCH_TAG=p3
+PATCHES="no-xla-mpi-ops,gloo-process-set-iface,gloo-recv-before-send,gloo-controller-ranks"
+PATCH_TAG=p4
 CACHE_DIR=${HVDKERAS_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/hvdkeras}
 
 die() { echo "install_horovod.sh: error: $*" >&2; exit 1; }
@@ -109,6 +109,15 @@ if [ -z "$wheel" ]; then
   [ -n "$iface_line" ] || die "expected 'device_attr.iface = gloo_iface_;' in InitializeForProcessSet"
   sed -i "${iface_line}s/device_attr\.iface = gloo_iface_;/gloo_iface_ = global_context.gloo_iface_;\n  device_attr.iface = gloo_iface_;/" "$gcc_src"
   grep -q 'gloo_iface_ = global_context.gloo_iface_;' "$gcc_src" || die "patching $gcc_src failed"
+  # Horovod 0.28.1 bug: GlooController::DoInitialization gathers the process set's global ranks into
+  # global_ranks_ after only reserving it, so its size stays 0. The stall inspector counts the ranks a
+  # collective waits for over that size, so under Gloo it never names a missing rank and never shuts a stalled
+  # job down (HOROVOD_STALL_CHECK_TIME_SECONDS / _SHUTDOWN_TIME_SECONDS do nothing), and a rank that stops
+  # submitting hangs the job for ever. Size the vector. tests/multiworker/test_faults_2w.py (hang) fails without it.
+  gctl_src="$src/horovod/common/gloo/gloo_controller.cc"
+  grep -q 'global_ranks_\.reserve(size_);' "$gctl_src" || die "expected 'global_ranks_.reserve(size_);' in $gctl_src"
+  sed -i 's/global_ranks_\.reserve(size_);/global_ranks_.resize(size_);/' "$gctl_src"
+  grep -q 'global_ranks_\.resize(size_);' "$gctl_src" || die "patching $gctl_src failed"
   # Gloo's alltoallv and allgatherv post each send before its receive, so two workers take turns on the link
   # instead of sending both ways at once (scripts/patch_gloo.py says why). Post the receives first.
   "$PY" "$(dirname "$0")/patch_gloo.py" "$src/third_party/gloo/gloo" || die "patching Gloo failed (above)"

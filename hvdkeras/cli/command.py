@@ -87,4 +87,4 @@ def build_command(config: RunConfig) -> tuple[list[str], dict[str, str]]:
         argv += ["-H", config.hosts]
     argv.append("--gloo" if config.controller == "gloo" else "--mpi")
     argv += [config.python, "-m", "hvdkeras", *config.forwarded, config.script, *config.script_args]
-    return argv, {"PYTHONUNBUFFERED": "1", "HOROVOD_GLOO_TIMEOUT_SECONDS": f"{config.stall_timeout:g}"}
+    return argv, {"PYTHONUNBUFFERED": "1", **settings.horovod_stall_environ(config.stall_timeout)}

@@ -111,7 +111,8 @@ def form(env: LaunchEnv, environ: MutableMapping[str, str] | None = None) -> For
         "HOROVOD_CROSS_RANK": str(mine["cross_rank"]),
         "HOROVOD_CROSS_SIZE": str(mine["cross_size"]),
     })
-    environ.setdefault("HOROVOD_GLOO_TIMEOUT_SECONDS", f"{stall:g}")
+    for name, value in settings.horovod_stall_environ(stall).items():
+        environ.setdefault(name, value)
     install_excepthook(peers, env.rank)
     _active = Formed(env=env, peers=peers, server=server, probe=probe, local_rank=mine["local_rank"],
                      local_size=mine["local_size"], cross_rank=mine["cross_rank"], cross_size=mine["cross_size"])
