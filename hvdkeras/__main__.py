@@ -7,10 +7,13 @@ starts horovodrun with this on every worker. `python -m hvdkeras run|check ...` 
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import os
 import runpy
+import signal
 import sys
-from typing import Sequence
+import traceback
+from typing import Callable, Sequence
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -35,7 +38,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
 
     import hvdkeras
-    from hvdkeras import wrap
+    from hvdkeras import settings, wrap
 
     try:
         given = {name: getattr(ns, name) for name in WRAP_FLAGS if getattr(ns, name) is not None}
@@ -43,12 +46,37 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (TypeError, ValueError) as err:
         print(f"python -m hvdkeras: error: {err}", file=sys.stderr)
         return 2
-    hvdkeras.init()
-    wrap.install(options)
-    sys.argv = [ns.script, *ns.script_args]
-    sys.path.insert(0, os.path.dirname(os.path.abspath(ns.script)))
-    runpy.run_path(ns.script, run_name="__main__")
+
+    def run() -> None:
+        hvdkeras.init()
+        wrap.install(options)
+        sys.argv = [ns.script, *ns.script_args]
+        sys.path.insert(0, os.path.dirname(os.path.abspath(ns.script)))
+        runpy.run_path(ns.script, run_name="__main__")
+
+    _recorded(run, settings.read().error_dir)
     return 0
+
+
+def _recorded(run: Callable[[], None], error_dir: str | None) -> None:
+    """Runs the worker (forming the job, then the script); when it fails, writes this worker's error record (its
+    real exit code and the end of its traceback) for the launcher's report, then fails as it would have. A
+    fatal signal's Python traceback goes to standard error (faulthandler), which reaches the launcher too."""
+    from hvdkeras import failures
+
+    if not faulthandler.is_enabled():
+        faulthandler.enable(file=sys.stderr, all_threads=True)
+    try:
+        run()
+    except SystemExit as stop:
+        if stop.code not in (None, 0):
+            code = stop.code if isinstance(stop.code, int) else 1
+            failures.write_error_record(failures.error_record(code, traceback.format_exc()), error_dir)
+        raise
+    except BaseException as error:
+        code = -signal.SIGINT if isinstance(error, KeyboardInterrupt) else 1
+        failures.write_error_record(failures.error_record(code, traceback.format_exc()), error_dir)
+        raise
 
 
 if __name__ == "__main__":

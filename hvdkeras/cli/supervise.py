@@ -1,66 +1,57 @@
-"""Supervising a running job: horovodrun's output passed through, and the rank that failed first named.
+"""Supervising a running job: horovodrun's output passed through, and the root cause of a failure reported.
 
-- `FailureTracker` reads horovodrun's rank-prefixed output and finds the rank that caused a failure.
-- `StallWatch` watches this host's worker processes for one that was stopped (SIGSTOP, suspended).
-- `stream` runs horovodrun with both; `supervise` runs the workers of one node of the ssh-less
-  multi-node form, with horovodrun's output format.
+- `feed` reads horovodrun's rank-prefixed output into a `failures.FailureReport`: each worker's error record
+  (a marker line `python -m hvdkeras` prints when the script fails, kept out of the output), the tracebacks,
+  lost peers and fatal signals the workers print, and the exits horovodrun reports.
+- `StallWatch` watches this host's worker processes: their pids, and one that was stopped (SIGSTOP, suspended).
+- `stream` runs horovodrun with both, giving the workers a folder for their error files
+  (HVDKERAS_ERROR_DIR); `supervise` runs the workers of one node of the ssh-less multi-node form, with
+  horovodrun's output format. On failure each prints `failures.format_report`: the root cause (time, host,
+  rank and local rank, the real exit code or signal, pid, error file, the end of the traceback), then the
+  other failures; the launcher's own SIGTERM is never a cause.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import re
+import shutil
 import signal
+import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 
-from hvdkeras.failures import lost_peer
+from hvdkeras import settings
+from hvdkeras.failures import RECORD_MARKER, FailureReport, format_report
 
 _FAILED = re.compile(rb"^Process (\d+) exit with status code (-?\d+)")
 
 
 _RANK_LINE = re.compile(rb"^\[(\d+)\]<std(?:out|err)>:")
-_TRACEBACK = b"Traceback (most recent call last)"
 
 
-class FailureTracker:
-    """Finds the rank that failed first from horovodrun's output.
-
-    horovodrun reports exits in the order it notices them, and a survivor whose allreduce was torn down can
-    exit before the worker that caused it is noticed; horovodrun then terminates the cause, which never
-    reports an exit of its own. So ranks whose output shows such a collateral failure only count when no
-    other rank failed, and a rank that printed a traceback of its own counts even when it never exited.
-    """
-
-    def __init__(self):
-        self.exits: list[tuple[int, int]] = []
-        self.collateral: set[int] = set()
-        self.raised: list[int] = []
-
-    def feed(self, line: bytes) -> None:
-        rank_line = _RANK_LINE.match(line)
-        if rank_line:
-            rank = int(rank_line.group(1))
-            if lost_peer(line):  # it failed only because another one did
-                self.collateral.add(rank)
-            elif _TRACEBACK in line and rank not in self.raised:
-                self.raised.append(rank)
-        exited = _FAILED.match(line.strip())
-        if exited and int(exited.group(2)) != 0:
-            self.exits.append((int(exited.group(1)), int(exited.group(2))))
-
-    def first_failure(self) -> tuple[int, int | None] | None:
-        """(rank, exit code) of the failure that started it, or None if horovodrun reported none. The exit
-        code is None for a rank that raised and was terminated before horovodrun saw it exit."""
-        for rank, code in self.exits:
-            if rank not in self.collateral:
-                return rank, code
-        for rank in self.raised:
-            if rank not in self.collateral:
-                return rank, None
-        return self.exits[0] if self.exits else None
+def feed(report: FailureReport, line: bytes) -> bool:
+    """Reads one line of horovodrun's output into `report`. Returns False for a worker's error record (a marker
+    line, not shown), True for a line to pass through."""
+    rank_line = _RANK_LINE.match(line)
+    if rank_line:
+        rank = int(rank_line.group(1))
+        text = line[rank_line.end():].decode(errors="replace").rstrip("\n")
+        if text.startswith(RECORD_MARKER):
+            try:
+                report.add_record(json.loads(text[len(RECORD_MARKER):]))
+                return False
+            except ValueError:
+                return True
+        report.add_output(rank, text)
+    exited = _FAILED.match(line.strip())
+    if exited:
+        report.add_exit(int(exited.group(1)), int(exited.group(2)))
+    return True
 
 
 class StallWatch:
@@ -74,6 +65,8 @@ class StallWatch:
         self.pid = pid
         self.interval = interval
         self.stopped: set[int] = set()
+        self.pids: dict[int, int] = {}  # rank -> pid of each local worker seen
+        self.local_ranks: dict[int, int] = {}  # rank -> its local rank
         self._done = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
@@ -90,12 +83,21 @@ class StallWatch:
                 children = root.children(recursive=True)
             except psutil.NoSuchProcess:
                 return
+            known = set(self.pids.values())
             for child in children:
                 try:
+                    rank = environ = None
+                    if child.pid not in known or child.status() == psutil.STATUS_STOPPED:
+                        environ = child.environ()
+                        rank = environ.get("HOROVOD_RANK")
+                    if rank is None:
+                        continue
+                    if child.pid not in known and "python" in os.path.basename(child.exe()):
+                        self.pids.setdefault(int(rank), child.pid)
+                        if environ.get("HOROVOD_LOCAL_RANK", "").isdigit():
+                            self.local_ranks.setdefault(int(rank), int(environ["HOROVOD_LOCAL_RANK"]))
                     if child.status() == psutil.STATUS_STOPPED:
-                        rank = child.environ().get("HOROVOD_RANK")
-                        if rank is not None:
-                            self.stopped.add(int(rank))
+                        self.stopped.add(int(rank))
                 except (psutil.NoSuchProcess, psutil.AccessDenied):
                     continue
 
@@ -105,18 +107,23 @@ class StallWatch:
 
 
 def stream(cmd: list[str], env: dict, name_failed_rank: bool = True) -> int:
-    """Runs horovodrun, passing its rank-prefixed output through; on failure names the rank that failed first
-    (or the rank that stopped answering)."""
+    """Runs horovodrun, passing its rank-prefixed output through; on failure prints the root cause (the rank that
+    failed first, with its real exit code or signal, host, pid and the end of its traceback, from the error
+    record each worker writes) and the other failures."""
+    env = dict(env)
+    error_dir = None
+    if not env.get(settings.variable("error_dir")):
+        error_dir = tempfile.mkdtemp(prefix="hvdkeras-errors-")
+        env[settings.variable("error_dir")] = error_dir
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     watch = StallWatch(proc.pid)
-    failures = FailureTracker()
+    report = FailureReport(stall_timeout=_seconds(env.get("HOROVOD_GLOO_TIMEOUT_SECONDS")))
     out = sys.stdout.buffer
     try:
         for line in iter(proc.stdout.readline, b""):
-            out.write(line)
-            out.flush()
-            if name_failed_rank:
-                failures.feed(line)
+            if feed(report, line):
+                out.write(line)
+                out.flush()
         code = proc.wait()
     except KeyboardInterrupt:
         proc.terminate()
@@ -124,24 +131,26 @@ def stream(cmd: list[str], env: dict, name_failed_rank: bool = True) -> int:
     finally:
         watch.close()
     if code != 0:
-        if watch.stopped:
-            ranks = ", ".join(str(r) for r in sorted(watch.stopped))
-            print(f"hvdkeras run: the job failed: rank {ranks} stopped answering (its process was stopped); the "
-                  f"others gave up after waiting {env.get('HOROVOD_GLOO_TIMEOUT_SECONDS', '?')} s "
-                  "(--stall-timeout).", file=sys.stderr, flush=True)
-        elif failures.first_failure() is not None:
-            rank, worker_code = failures.first_failure()
-            if worker_code is None:
-                how = "it raised; its traceback is above"
-            elif worker_code < 0:
-                how = f"killed by signal {-worker_code}"
-            else:
-                how = f"exit code {worker_code}"
-            print(f"hvdkeras run: the job failed: rank {rank} failed first ({how}); the other workers were stopped.",
-                  file=sys.stderr, flush=True)
+        report.pids.update(watch.pids)
+        report.local_ranks.update(watch.local_ranks)
+        report.hosts.update({rank: socket.gethostname() for rank in watch.pids})
+        for rank in watch.stopped:
+            report.add_stopped(rank)
+        text = format_report(report) if name_failed_rank or watch.stopped else ""
+        if text:
+            print(text, file=sys.stderr, flush=True)
         else:
             print(f"hvdkeras run: the job failed (horovodrun exit code {code}).", file=sys.stderr, flush=True)
+    elif error_dir is not None:
+        shutil.rmtree(error_dir, ignore_errors=True)
     return code
+
+
+def _seconds(text: str | None) -> float | None:
+    try:
+        return float(text) if text else None
+    except ValueError:
+        return None
 
 
 def supervise(workers: list[tuple[list[str], dict[str, str]]], grace: float = 5.0) -> int:
@@ -154,13 +163,17 @@ def supervise(workers: list[tuple[list[str], dict[str, str]]], grace: float = 5.
     out = sys.stdout.buffer
     lock = threading.Lock()
     procs: dict[int, subprocess.Popen] = {}
+    report = FailureReport(stall_timeout=_seconds(workers[0][1].get(settings.variable("stall_timeout")))
+                           if workers else None)
+    error_dir = os.environ.get(settings.variable("error_dir")) or tempfile.mkdtemp(prefix="hvdkeras-errors-")
 
     def pump(rank: int, stream_name: str, pipe) -> None:
         prefix = f"[{rank}]<{stream_name}>:".encode()
         for line in iter(pipe.readline, b""):
             with lock:
-                out.write(prefix + line)
-                out.flush()
+                if feed(report, prefix + line):
+                    out.write(prefix + line)
+                    out.flush()
 
     def signal_all(sig: int) -> None:
         for proc in procs.values():
@@ -173,9 +186,13 @@ def supervise(workers: list[tuple[list[str], dict[str, str]]], grace: float = 5.
     pumps = []
     for argv, extra in workers:
         rank = int(extra["RANK"])
-        proc = subprocess.Popen(argv, env=dict(os.environ, **extra), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                start_new_session=True)
+        env = dict(os.environ, **{settings.variable("error_dir"): error_dir}, **extra)
+        proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
         procs[rank] = proc
+        report.pids[rank] = proc.pid
+        report.hosts[rank] = socket.gethostname()
+        if str(extra.get("LOCAL_RANK", "")).isdigit():
+            report.local_ranks[rank] = int(extra["LOCAL_RANK"])
         for name, pipe in (("stdout", proc.stdout), ("stderr", proc.stderr)):
             thread = threading.Thread(target=pump, args=(rank, name, pipe), daemon=True)
             thread.start()
@@ -187,6 +204,7 @@ def supervise(workers: list[tuple[list[str], dict[str, str]]], grace: float = 5.
                 code = proc.poll()
                 if code not in (None, 0) and first is None:
                     first = (rank, code)
+                    report.add_exit(rank, code)
                     signal_all(signal.SIGTERM)
                     deadline = time.monotonic() + grace
                     while time.monotonic() < deadline and any(p.poll() is None for p in procs.values()):
@@ -207,9 +225,10 @@ def supervise(workers: list[tuple[list[str], dict[str, str]]], grace: float = 5.
         failed = [(r, p.returncode) for r, p in sorted(procs.items()) if p.returncode != 0]
         first = failed[0] if failed else None
     if first is None:
+        shutil.rmtree(error_dir, ignore_errors=True)
         return 0
-    rank, code = first
-    how = f"killed by signal {-code}" if code < 0 else f"exit code {code}"
-    print(f"hvdkeras run: the job failed: rank {rank} failed first on this node ({how}); this node's other "
-          "workers were stopped.", file=sys.stderr, flush=True)
+    for rank, proc in procs.items():
+        report.add_exit(rank, proc.returncode)
+    print(format_report(report, scope=" on this node"), file=sys.stderr, flush=True)
+    code = first[1]
     return code if code > 0 else 128 - code

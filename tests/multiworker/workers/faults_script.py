@@ -2,7 +2,8 @@
 
     faults_script.py MODE OUT_DIR [options]
 
-MODE: raise | kill | stop (rank 1 fails in epoch 2) | mismatch-units | mismatch-layer | resume | atomic
+MODE: raise | kill | stop | exit3 | segv | hang (rank 1 fails in epoch 2) | mismatch-units | mismatch-layer |
+      resume | atomic
 The fault is injected from HOROVOD_RANK, which horovodrun sets; the script never imports hvdkeras.
 """
 
@@ -10,6 +11,7 @@ import argparse
 import json
 import os
 import signal
+import sys
 import threading
 import time
 
@@ -66,6 +68,12 @@ class Fault(keras.callbacks.Callback):
             os.kill(os.getpid(), signal.SIGKILL)
         if args.mode == "stop":
             os.kill(os.getpid(), signal.SIGSTOP)
+        if args.mode == "exit3":
+            sys.exit(3)
+        if args.mode == "segv":
+            os.kill(os.getpid(), signal.SIGSEGV)
+        if args.mode == "hang":
+            time.sleep(3600)  # stops submitting collectives, alive: the others time out at the stall bound
 
 
 class KillJob(keras.callbacks.Callback):
