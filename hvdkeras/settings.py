@@ -149,6 +149,20 @@ def what(field: dataclasses.Field) -> str:
 
 
 _INTEGER_KINDS = ("int", "port", "nice")
+_LARGEST = 2 ** 63 - 1  # what Horovod and TensorFlow hold in an integer; a number beyond it is refused
+_SHOWN = 80  # characters of a received value an error message repeats
+
+
+def received(value: Any) -> str:
+    """`value` as an error message repeats it: its repr, cut to a readable length."""
+    text = repr(value)
+    return text if len(text) <= _SHOWN else f"{text[:_SHOWN]}... ({len(text)} characters)"
+
+
+def _beyond(value: Any) -> str:
+    """The words an error adds for a number too large to hold."""
+    big = isinstance(value, (int, float)) and not isinstance(value, bool) and abs(value) > _LARGEST
+    return " and at most 2**63 - 1" if big and (not isinstance(value, float) or math.isfinite(value)) else ""
 
 
 def _acceptable(field: dataclasses.Field, value: Any) -> bool:
@@ -163,7 +177,9 @@ def _acceptable(field: dataclasses.Field, value: Any) -> bool:
         return isinstance(value, str)
     if kind == "nice" and value == "none":
         return True
-    if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value):
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        return False
+    if abs(value) > _LARGEST or not math.isfinite(value):
         return False
     return ((kind not in _INTEGER_KINDS or isinstance(value, int)) and (low is None or value >= low)
             and (high is None or value <= high) and (kind != "seconds" or value > 0))
@@ -186,7 +202,7 @@ def parse(field: dataclasses.Field, raw: str, error: type[Exception] = ValueErro
         value = _number(text, integer=kind in _INTEGER_KINDS)
     if value is None or not _acceptable(field, value):
         name = variable(field.name)
-        raise error(f"{name} must be {what(field)}. Received: {name}={raw!r}")
+        raise error(f"{name} must be {what(field)}{_beyond(value)}. Received: {name}={received(raw)}")
     return value
 
 
@@ -203,8 +219,8 @@ def check_value(name: str, value: Any, error: type[Exception] = ValueError, flag
         if flag:
             shown = f"{value:g}" if isinstance(value, float) else value
             label = "--" + name.replace("_", "-")
-            raise error(f"{label} must be {what(field)}. Received: {label} {shown}")
-        raise error(f"`{name}` must be {what(field)}. Received: {name}={value!r}")
+            raise error(f"{label} must be {what(field)}{_beyond(value)}. Received: {label} {shown}")
+        raise error(f"`{name}` must be {what(field)}{_beyond(value)}. Received: {name}={received(value)}")
     return value
 
 

@@ -102,10 +102,16 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+MAX_WORKERS = 1 << 16  # workers (or nodes, or processes per node) one command may ask for
+
+
 def _at_least_one(flag: str, value: int) -> int:
     """The command line's form of the package's check_int: argparse already made `value` an int."""
     if value < 1:
         raise UsageError(f"{flag} must be an integer >= 1. Received: {flag} {value}")
+    if value > MAX_WORKERS:
+        raise UsageError(f"{flag} must be an integer from 1 to {MAX_WORKERS}. Received: {flag} "
+                         f"{settings.received(value)}")
     return value
 
 
@@ -117,7 +123,7 @@ def parse_hosts(hosts: str) -> list[tuple[str, int]]:
         if not match or int(match.group(1)) < 1:
             raise UsageError(
                 "-H must be a comma-separated list of host:slots with slots >= 1, for example "
-                f"'node1:2,node2:2'. Received: -H {hosts!r}"
+                f"'node1:2,node2:2'. Received: -H {settings.received(hosts)}"
             )
         host, slots = item.strip().rsplit(":", 1)
         out.append((host, int(slots)))
@@ -134,7 +140,7 @@ def validate(ns: argparse.Namespace, *, which: Callable[[str], str | None] = shu
     if ns.np is not None:
         _at_least_one("-np", ns.np)
     if not isfile(ns.script):
-        raise UsageError(f"the training script does not exist. Received: script={ns.script!r}")
+        raise UsageError(f"the training script does not exist. Received: script={settings.received(ns.script)}")
     elastic = ns.min_np is not None or ns.max_np is not None or ns.host_discovery_script is not None
     if nodes is not None and ns.hosts is not None:
         raise UsageError(f"--nnodes starts the workers of this node itself: it takes no -H. Received: -H {ns.hosts!r}")
@@ -143,7 +149,8 @@ def validate(ns: argparse.Namespace, *, which: Callable[[str], str | None] = shu
     if ns.hosts is not None:
         slots = sum(n for _, n in parse_hosts(ns.hosts))
         if slots < ns.np and not elastic:
-            raise UsageError(f"-H offers {slots} slots for -np {ns.np} workers. Received: -H {ns.hosts!r}")
+            raise UsageError(f"-H offers {slots} slots for -np {ns.np} workers. Received: -H "
+                             f"{settings.received(ns.hosts)}")
         hosts = ns.hosts
     else:
         hosts = f"localhost:{ns.np}"
@@ -155,8 +162,9 @@ def validate(ns: argparse.Namespace, *, which: Callable[[str], str | None] = shu
             )
         if ns.min_np is not None and not 1 <= ns.min_np <= ns.np:
             raise UsageError(f"--min-np must be in [1, -np]. Received: --min-np {ns.min_np} with -np {ns.np}")
-        if ns.max_np is not None and ns.max_np < ns.np:
-            raise UsageError(f"--max-np must be >= -np. Received: --max-np {ns.max_np} with -np {ns.np}")
+        if ns.max_np is not None and not ns.np <= ns.max_np <= MAX_WORKERS:
+            raise UsageError(f"--max-np must be from -np to {MAX_WORKERS}. Received: --max-np "
+                             f"{settings.received(ns.max_np)} with -np {ns.np}")
     for name in WRAP_FLAGS:
         if getattr(ns, name, None) is not None:
             settings.check_value(name, getattr(ns, name), error=UsageError, flag=True)
@@ -166,8 +174,7 @@ def validate(ns: argparse.Namespace, *, which: Callable[[str], str | None] = shu
             stall = settings.read(os.environ).stall_timeout
         except ValueError as err:
             raise UsageError(str(err)) from None
-    if not stall > 0:
-        raise UsageError(f"--stall-timeout must be > 0 seconds. Received: --stall-timeout {stall:g}")
+    settings.check_value("stall_timeout", stall, error=UsageError, flag=True)
     if nodes is not None:
         return RunConfig(
             np=nodes["nnodes"] * nodes["nproc_per_node"], hosts="", script=ns.script, script_args=tuple(ns.script_args),

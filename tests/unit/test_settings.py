@@ -51,6 +51,26 @@ def test_one_error_format_names_the_variable_what_it_must_be_and_what_was_receiv
     assert str(err.value).endswith(f"Received: {name}={raw!r}")
 
 
+@pytest.mark.parametrize("name, raw, what", [
+    # oversized: a number no integer of Horovod's holds, and a value too long to repeat in full
+    ("HVDKERAS_BUCKET_BYTES", "9" * 400, "an integer >= 0 and at most 2**63 - 1"),
+    ("HVDKERAS_STALL_TIMEOUT", "1" * 400, "a number of seconds > 0 and at most 2**63 - 1"),
+    ("HVDKERAS_STALL_TIMEOUT", "1e400", "a number of seconds > 0"),
+    ("HVDKERAS_BATCH", "g" * 5000, "one of global, per-worker"),
+    # truncated or wrongly typed
+    ("HVDKERAS_RENDEZVOUS_PORT", "80.", "a TCP port in [1, 65535]"),
+    ("HVDKERAS_BUCKET_BYTES", "64k", "an integer >= 0"),
+    ("HVDKERAS_STALL_TIMEOUT", "nan", "a number of seconds > 0"),
+    ("HVDKERAS_WARMUP_EPOCHS", "1,5", "a finite number >= 0"),
+])
+def test_oversized_truncated_and_wrongly_typed_values_are_refused_clearly(name, raw, what):
+    with pytest.raises(ValueError) as err:
+        settings.read({name: raw})
+    message = str(err.value)
+    assert message.startswith(f"{name} must be {what}. Received: {name}="), message
+    assert raw[:40] in message and len(message) < 250, message  # what was received, cut to a readable length
+
+
 def test_read_raises_the_error_class_asked_for():
     class LaunchError(ValueError):
         pass

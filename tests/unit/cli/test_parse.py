@@ -30,6 +30,14 @@ def test_script_options_after_the_script_go_to_the_script():
         (("-np", "2", "--warmup-epochs", "-1", "t.py"), {}, "warmup-epochs -1"),
         (("-np", "2", "t.py"), {"which": lambda name: None}, "horovodrun was not found"),
         (("-np", "2", "--min-np", "1", "t.py"), {"isfile": lambda p: p == "t.py"}, "host-discovery-script"),
+        # oversized, and numbers no timer or process table takes
+        (("-np", str(10 ** 26), "t.py"), {}, r"-np must be an integer from 1 to 65536. Received: -np 1000"),
+        (("-np", "2", "--stall-timeout", "1e400", "t.py"), {},
+         r"--stall-timeout must be a number of seconds > 0. Received: --stall-timeout inf"),
+        (("-np", "2", "--stall-timeout", "nan", "t.py"), {}, r"Received: --stall-timeout nan"),
+        (("-np", "2", "--warmup-epochs", "1e30", "t.py"), {}, r"at most 2\*\*63 - 1. Received: --warmup-epochs 1e\+30"),
+        (("-np", "2", "-H", "a:1," * 3000, "t.py"), {}, r"Received: -H 'a:1,a:1,.*\.\.\. \(12002 characters\)$"),
+        (("-np", "2", "x" * 5000), {"isfile": lambda p: False}, r"Received: script='xxx.*\.\.\. \(5002 characters\)$"),
     ],
 )
 def test_validation_errors(argv, kwargs, match):
