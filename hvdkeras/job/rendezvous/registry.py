@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import errno
 import json
+import logging
 import threading
 from typing import Any, Mapping
 
@@ -18,6 +19,53 @@ from hvdkeras import _collectives as C
 from hvdkeras.job.rendezvous.errors import RendezvousBindError, RendezvousPortInUseError
 
 SCOPE = "hvdkeras"
+# A registration is a few hundred bytes; Horovod's own keys (Gloo's addresses) a few hundred more.
+MAX_REGISTRATION_BYTES = 64 << 10
+MAX_KV_BYTES = 1 << 20
+BODY_TIMEOUT = 10.0  # seconds a client may take to send the body it announced
+_log = logging.getLogger("hvdkeras.rendezvous")
+
+# Each field of a registration, and what it must be.
+ENTRY_FIELDS = {"job_id": (str, "a string"), "rank": (int, "an integer >= 0, below size"),
+                "size": (int, "an integer >= 1"), "hostname": (str, "a string"), "host_key": (str, "a string"),
+                "ip": (str, "a string"), "pid": (int, "an integer >= 0"),
+                "probe_port": (int, "an integer from 0 to 65535"), "variables": (list, "a list of strings")}
+
+
+class BadRequest(ValueError):
+    """A request the rendezvous refuses: its HTTP status and a message that says what was received and what is
+    expected."""
+
+    def __init__(self, status: int, message: str):
+        super().__init__(message)
+        self.status = status
+
+
+def _shown(value: Any, limit: int = 80) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit] + f"... ({len(text)} characters)"
+
+
+def check_entry(entry: Any) -> dict:
+    """`entry` as a registration, or BadRequest naming the first field that is missing or of the wrong type."""
+    if not isinstance(entry, dict):
+        raise BadRequest(400, f"a registration must be a JSON object with the fields {', '.join(ENTRY_FIELDS)}; "
+                              f"received a JSON {type(entry).__name__}: {_shown(entry)}")
+    for name, (kind, what) in ENTRY_FIELDS.items():
+        if name not in entry:
+            raise BadRequest(400, f"a registration needs the field `{name}` ({what}); received the fields "
+                                  f"{_shown(sorted(entry))}")
+        value = entry[name]
+        wrong = not isinstance(value, kind) or isinstance(value, bool)
+        if not wrong and kind is int:
+            wrong = value < (1 if name == "size" else 0) or (name == "probe_port" and value > 65535)
+        if not wrong and kind is list:
+            wrong = not all(isinstance(item, str) for item in value)
+        if wrong:
+            raise BadRequest(400, f"`{name}` must be {what}; received {_shown(value)}")
+    if entry["rank"] >= entry["size"]:
+        raise BadRequest(400, f"`rank` must be below `size`; received rank {entry['rank']} and size {entry['size']}")
+    return entry
 
 
 def assign(entries: Mapping[int, Mapping[str, Any]]) -> dict[int, dict[str, int | str]]:
@@ -111,24 +159,72 @@ def _handler_class(base):
             self.end_headers()
             self.wfile.write(body)
 
+        def _peer(self) -> str:
+            return f"{self.client_address[0]}:{self.client_address[1]}"
+
+        def _refuse(self, status: int, message: str) -> None:
+            """Answers a bad request with what was wrong, logs it with the peer's address, and closes the
+            connection (an unread body must not be taken for the next request). The server carries on."""
+            _log.warning("hvdkeras rendezvous: refused %s %s from %s (HTTP %d): %s", self.command,
+                         _shown(self.path, 60), self._peer(), status, message)
+            self.close_connection = True
+            self._reply(status, {"error": "bad-request", "message": message})
+
         def _refused(self) -> bool:
             if self.server.registry.admits(self.client_address[0]):
                 return False
+            _log.warning("hvdkeras rendezvous: refused %s %s from %s (HTTP 403): not a host of this job's "
+                         "registered workers, or the job is not complete", self.command, _shown(self.path, 60),
+                         self._peer())
+            self.close_connection = True
             self.send_status_code(403)
             return True
 
+        def _length(self, limit: int) -> int:
+            """The body's length from Content-Length, checked before a byte of the body is read."""
+            raw = self.headers.get("Content-Length")
+            if raw is None:
+                raise BadRequest(411, "a PUT needs a Content-Length header; received none")
+            if not raw.strip().isdigit():
+                raise BadRequest(400, f"Content-Length must be a number of bytes; received {_shown(raw)}")
+            if int(raw) > limit:
+                raise BadRequest(413, f"a body of at most {limit} bytes is expected here; received Content-Length "
+                                      f"{int(raw)}")
+            return int(raw)
+
+        def _body(self, limit: int) -> bytes:
+            length = self._length(limit)
+            self.connection.settimeout(BODY_TIMEOUT)
+            data = b""
+            try:
+                while len(data) < length:
+                    chunk = self.rfile.read1(length - len(data))
+                    if not chunk:
+                        break
+                    data += chunk
+            except OSError:  # a timeout included
+                pass
+            if len(data) < length:
+                raise BadRequest(400, f"the body was cut short: Content-Length {length} announced, {len(data)} bytes "
+                                      f"received within {BODY_TIMEOUT:g} s")
+            return data
+
         def do_PUT(self):
             scope, key = self._split()
-            if scope == SCOPE and key == "register":
-                length = int(self.headers.get("Content-Length") or 0)
-                try:
-                    entry = json.loads(self.rfile.read(length))
-                    status, payload = self.server.registry.register(entry, self.client_address[0])
-                except (ValueError, KeyError, TypeError) as err:
-                    status, payload = 400, {"error": "bad-request", "message": str(err)}
-                self._reply(status, payload)
-            elif not self._refused():
-                super().do_PUT()
+            try:
+                if scope == SCOPE and key == "register":
+                    data = self._body(MAX_REGISTRATION_BYTES)
+                    try:
+                        entry = json.loads(data)
+                    except ValueError as err:
+                        raise BadRequest(400, f"a registration must be JSON ({err}); received {_shown(data)}") from None
+                    status, payload = self.server.registry.register(check_entry(entry), self.client_address[0])
+                    self._reply(status, payload)
+                elif not self._refused():
+                    self._length(MAX_KV_BYTES)  # Horovod's own handler reads the body
+                    super().do_PUT()
+            except BadRequest as err:
+                self._refuse(err.status, str(err))
 
         def do_GET(self):
             scope, key = self._split()
