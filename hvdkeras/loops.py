@@ -49,7 +49,7 @@ from tensorflow.python.eager.polymorphic_function.polymorphic_function import Un
 from hvdkeras import _collectives as C
 from hvdkeras import collectives, data, metric_states, patches, rank_zero, reduction, script_writes, strategy_loops
 from hvdkeras.reduction import ReductionOptions
-from hvdkeras.variables import tf_variable, var_id
+from hvdkeras.variables import NamesByIdentity, tf_variable, var_id
 
 log = logging.getLogger("hvdkeras")
 PATCH = "loops"
@@ -57,8 +57,8 @@ PATCH = "loops"
 # dataset was split in this process, from which on Keras metric results are global.
 # handled: the datasets a strategy of the script gave back already split (or left whole), not split again.
 # explicit: the script called hvdkeras.init() itself (leave_data).
-_state: dict[str, Any] = {"options": None, "names": {}, "warned": set(), "split": None, "split_any": False,
-                          "handled": weakref.WeakSet(), "explicit": False}
+_state: dict[str, Any] = {"options": None, "names": NamesByIdentity("hvdkeras.loop"), "warned": set(),
+                          "split": None, "split_any": False, "handled": weakref.WeakSet(), "explicit": False}
 
 NOT_SPLIT = (
     "hvdkeras: the script trains in a loop of its own (its optimizer's apply_gradients or apply), and the loop's "
@@ -225,10 +225,7 @@ def _options() -> ReductionOptions:
 def _name_for(optimizer: Any) -> str:
     """The collectives' names of an optimizer's reductions: by the order in which optimizers first apply, the
     same on every worker, and distinct for two optimizers whose updates may run at the same time (a GAN's)."""
-    names = _state["names"]
-    if id(optimizer) not in names:
-        names[id(optimizer)] = f"hvdkeras.loop.{len(names)}"
-    return names[id(optimizer)]
+    return _state["names"].name_for(optimizer)
 
 
 def _sync_before_first_update(optimizer: Any, variables: list) -> None:

@@ -18,19 +18,16 @@ from hvdkeras import _collectives as C
 from hvdkeras import compression as _compression
 from hvdkeras import reduction
 from hvdkeras.reduction import ReductionOptions
-from hvdkeras.variables import var_id
+from hvdkeras.variables import NamesByIdentity, var_id
 
 # The collectives' names of each list of sources, in the order the process first reduces it: the same on every
 # worker (they run the same code), stable from step to step, and distinct for two tapes whose reductions may
 # run at the same time (a GAN's generator and discriminator).
-_names: dict[tuple[int, ...], str] = {}
+_names = NamesByIdentity("hvdkeras.tape")
 
 
 def _name_for(sources: list) -> str:
-    key = tuple(var_id(s) for s in sources)
-    if key not in _names:
-        _names[key] = f"hvdkeras.tape.{len(_names)}"
-    return _names[key]
+    return _names.name_for(list(sources))
 
 
 class _DistributedGradientTape(tf.GradientTape):
