@@ -17,7 +17,7 @@ PYTEST_ARGS ?=
 LAB_PTH = -c "import site, sys; open(site.getsitepackages()[0] + '/hvdkeras-lab.pth', 'w').write(sys.argv[1] + '\n')" "$(CURDIR)/lab"
 NETBENCH_ARGS ?=
 
-.PHONY: install lab test test-fast demo bench netbench batchbench shardbench xlabench loopbench horovod-examples gpu-build lint clean
+.PHONY: install lab test test-fast demo bench netbench batchbench shardbench xlabench loopbench killtrials horovod-examples gpu-build lint clean
 
 install: $(STAMP)
 
@@ -51,6 +51,11 @@ demo: install
 
 bench: install
 	$(PY) benchmarks/run_benchmarks.py
+
+# Rank 0 SIGKILLed while ModelCheckpoint, BackupAndRestore and model.save write, 20 times each; writes
+# docs/kill_trials.json and exits 1 if anything was lost.
+killtrials: install
+	$(PY) benchmarks/kill_trials.py --trials 20 --out docs
 
 # Two test hosts over a shaped link (needs root, ip and tc); writes docs/network_benchmark.{json,png}, then
 # one step at 500 and at 200 Mbit/s, bucket by bucket, to docs/step_timeline.{json,png}.
