@@ -85,9 +85,8 @@ class Settings:
     rendezvous_timeout: float = _setting(
         DEFAULT_RENDEZVOUS_TIMEOUT, "seconds", "the bound on forming the job, and on Horovod connecting it")
     stall_timeout: float = _setting(
-        DEFAULT_STALL_TIMEOUT, "seconds", "seconds a worker may stop answering, or stop submitting while the others "
-        "wait, before the job fails (`hvdkeras run --stall-timeout`); the rank and the tensors it is missing are "
-        "named after a third of it")
+        DEFAULT_STALL_TIMEOUT, "seconds", "seconds a worker may stop answering before the job fails "
+        "(`hvdkeras run --stall-timeout`)")
     horovod_nice: int | str | None = _setting(
         None, "nice", "the nice value of Horovod's threads, an integer from -20 to 19, or `none` to leave them; "
         "unset: -15 when the job spans hosts over Gloo", minimum=-20, maximum=19)
@@ -99,16 +98,18 @@ class Settings:
         True, "bool", "compare the workers' models (names, shapes, dtypes, then values) before broadcasts")
 
 
-def horovod_stall_environ(stall: float) -> dict[str, str]:
-    """Horovod's variables for the stall bound `stall` (seconds): Gloo's timeout on an operation in flight, and
-    Horovod's stall inspector, which names the ranks missing from a collective and the tensors they miss, then
-    shuts the job down. The inspector counts whole seconds and looks every CHECK seconds; a collective that was
-    cached is found stalled one look later, so the shutdown waits STALL - 2 * CHECK: a rank that stops
-    submitting ends the job within `stall`, and is named within a third of it."""
-    whole = max(1, math.ceil(stall))
-    check = max(1, whole // 6)
-    return {"HOROVOD_GLOO_TIMEOUT_SECONDS": f"{stall:g}", "HOROVOD_STALL_CHECK_TIME_SECONDS": str(check),
-            "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": str(max(check, whole - 2 * check))}
+def horovod_stall_environ(stall: float, end_hangs: bool = False) -> dict[str, str]:
+    """Horovod's variables for the stall bound `stall` (seconds): Gloo's timeout on an operation in flight, and,
+    with `end_hangs`, Horovod's stall inspector, which names the ranks missing from a collective and the tensors
+    they miss, then shuts the job down. The inspector counts whole seconds and looks every CHECK seconds; a
+    collective that was cached is found stalled one look later, so the shutdown waits STALL - 2 * CHECK."""
+    out = {"HOROVOD_GLOO_TIMEOUT_SECONDS": f"{stall:g}"}
+    if end_hangs:
+        whole = max(1, math.ceil(stall))
+        check = max(1, whole // 6)
+        out.update({"HOROVOD_STALL_CHECK_TIME_SECONDS": str(check),
+                    "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": str(max(check, whole - 2 * check))})
+    return out
 
 
 def variable(name: str) -> str:

@@ -13,6 +13,8 @@ import numpy as np
 import psutil
 import pytest
 
+from hvdkeras import settings
+
 from launch import VENV_BIN, WORKERS, run_command, run_jobs
 
 SCRIPT = WORKERS / "faults_script.py"
@@ -34,9 +36,12 @@ def faults(tmp_path_factory):
     root = tmp_path_factory.mktemp("faults")
     launches = {mode: (hvdkeras_run_cmd(mode, root / mode), root / mode, None)
                 for mode in ("raise", "kill", "mismatch-units", "mismatch-layer")}
-    for mode in ("stop", "hang"):
-        launches[mode] = (hvdkeras_run_cmd(mode, root / mode), root / mode,
-                          {"HVDKERAS_STALL_TIMEOUT": str(STALL_TIMEOUT)})
+    launches["stop"] = (hvdkeras_run_cmd("stop", root / "stop"), root / "stop",
+                        {"HVDKERAS_STALL_TIMEOUT": str(STALL_TIMEOUT)})
+    # A live worker that stops submitting: ended by Horovod's stall inspector, turned on for this job.
+    launches["hang"] = (hvdkeras_run_cmd("hang", root / "hang"), root / "hang",
+                        {"HVDKERAS_STALL_TIMEOUT": str(STALL_TIMEOUT),
+                         **settings.horovod_stall_environ(STALL_TIMEOUT, end_hangs=True)})
     for mode in ("exit3", "segv"):
         launches[mode] = (hvdkeras_run_cmd(mode, root / mode), root / mode, None)
     # The resume check's uninterrupted run and its first, killed run (the second must wait for the first).

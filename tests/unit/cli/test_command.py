@@ -9,8 +9,7 @@ def test_build_command_defaults_to_gloo_on_localhost():
     argv, env = command.build_command(config("-np", "2", "train.py", "--epochs", "3"))
     assert argv == ["/usr/bin/horovodrun", "-np", "2", "-H", "localhost:2", "--gloo",
                     "/venv/bin/python", "-m", "hvdkeras", "train.py", "--epochs", "3"]
-    assert env == {"PYTHONUNBUFFERED": "1", "HOROVOD_GLOO_TIMEOUT_SECONDS": "60",
-                   "HOROVOD_STALL_CHECK_TIME_SECONDS": "10", "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": "40"}
+    assert env == {"PYTHONUNBUFFERED": "1", "HOROVOD_GLOO_TIMEOUT_SECONDS": "60"}
 
 
 def test_build_command_forwards_training_options_and_hosts():

@@ -123,13 +123,15 @@ def test_the_stall_bound_sets_horovods_stall_inspector_within_it():
     from hvdkeras.settings import horovod_stall_environ
 
     for stall in (0.5, 1, 5, 20, 60, 600.5):
-        env = horovod_stall_environ(stall)
+        env = horovod_stall_environ(stall, end_hangs=True)
         check, shutdown = int(env["HOROVOD_STALL_CHECK_TIME_SECONDS"]), int(env["HOROVOD_STALL_SHUTDOWN_TIME_SECONDS"])
         assert env["HOROVOD_GLOO_TIMEOUT_SECONDS"] == f"{stall:g}"
         # Horovod ignores a shutdown time under the check time; a cached collective is found a look later.
         assert 1 <= check <= shutdown and shutdown + 2 * check <= max(3, -(-stall // 1)), (stall, env)
-    assert horovod_stall_environ(60) == {"HOROVOD_GLOO_TIMEOUT_SECONDS": "60", "HOROVOD_STALL_CHECK_TIME_SECONDS": "10",
-                                         "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": "40"}
+    assert horovod_stall_environ(60) == {"HOROVOD_GLOO_TIMEOUT_SECONDS": "60"}  # Horovod's own defaults otherwise
+    assert horovod_stall_environ(60, end_hangs=True) == {
+        "HOROVOD_GLOO_TIMEOUT_SECONDS": "60", "HOROVOD_STALL_CHECK_TIME_SECONDS": "10",
+        "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": "40"}
 
 
 def worker(code: str) -> list[str]:
