@@ -154,10 +154,10 @@ _LARGEST = 2 ** 63 - 1  # what Horovod and TensorFlow hold in an integer; a numb
 _SHOWN = 80  # characters of a received value an error message repeats
 
 
-def received(value: Any) -> str:
-    """`value` as an error message repeats it: its repr, cut to a readable length."""
+def received(value: Any, limit: int = _SHOWN) -> str:
+    """`value` as an error message repeats it: its repr, cut to `limit` characters."""
     text = repr(value)
-    return text if len(text) <= _SHOWN else f"{text[:_SHOWN]}... ({len(text)} characters)"
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
 
 
 def _beyond(value: Any) -> str:

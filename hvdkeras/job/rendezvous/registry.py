@@ -17,6 +17,7 @@ from typing import Any, Mapping
 
 from hvdkeras import _collectives as C
 from hvdkeras.job.rendezvous.errors import RendezvousBindError, RendezvousPortInUseError
+from hvdkeras.settings import received
 
 SCOPE = "hvdkeras"
 # A registration is a few hundred bytes; Horovod's own keys (Gloo's addresses) a few hundred more.
@@ -41,20 +42,15 @@ class BadRequest(ValueError):
         self.status = status
 
 
-def _shown(value: Any, limit: int = 80) -> str:
-    text = repr(value)
-    return text if len(text) <= limit else text[:limit] + f"... ({len(text)} characters)"
-
-
 def check_entry(entry: Any) -> dict:
     """`entry` as a registration, or BadRequest naming the first field that is missing or of the wrong type."""
     if not isinstance(entry, dict):
         raise BadRequest(400, f"a registration must be a JSON object with the fields {', '.join(ENTRY_FIELDS)}; "
-                              f"received a JSON {type(entry).__name__}: {_shown(entry)}")
+                              f"received a JSON {type(entry).__name__}: {received(entry)}")
     for name, (kind, what) in ENTRY_FIELDS.items():
         if name not in entry:
             raise BadRequest(400, f"a registration needs the field `{name}` ({what}); received the fields "
-                                  f"{_shown(sorted(entry))}")
+                                  f"{received(sorted(entry))}")
         value = entry[name]
         wrong = not isinstance(value, kind) or isinstance(value, bool)
         if not wrong and kind is int:
@@ -62,7 +58,7 @@ def check_entry(entry: Any) -> dict:
         if not wrong and kind is list:
             wrong = not all(isinstance(item, str) for item in value)
         if wrong:
-            raise BadRequest(400, f"`{name}` must be {what}; received {_shown(value)}")
+            raise BadRequest(400, f"`{name}` must be {what}; received {received(value)}")
     if entry["rank"] >= entry["size"]:
         raise BadRequest(400, f"`rank` must be below `size`; received rank {entry['rank']} and size {entry['size']}")
     return entry
@@ -166,7 +162,7 @@ def _handler_class(base):
             """Answers a bad request with what was wrong, logs it with the peer's address, and closes the
             connection (an unread body must not be taken for the next request). The server carries on."""
             _log.warning("hvdkeras rendezvous: refused %s %s from %s (HTTP %d): %s", self.command,
-                         _shown(self.path, 60), self._peer(), status, message)
+                         received(self.path, 60), self._peer(), status, message)
             self.close_connection = True
             self._reply(status, {"error": "bad-request", "message": message})
 
@@ -174,7 +170,7 @@ def _handler_class(base):
             if self.server.registry.admits(self.client_address[0]):
                 return False
             _log.warning("hvdkeras rendezvous: refused %s %s from %s (HTTP 403): not a host of this job's "
-                         "registered workers, or the job is not complete", self.command, _shown(self.path, 60),
+                         "registered workers, or the job is not complete", self.command, received(self.path, 60),
                          self._peer())
             self.close_connection = True
             self.send_status_code(403)
@@ -186,7 +182,7 @@ def _handler_class(base):
             if raw is None:
                 raise BadRequest(411, "a PUT needs a Content-Length header; received none")
             if not raw.strip().isdigit():
-                raise BadRequest(400, f"Content-Length must be a number of bytes; received {_shown(raw)}")
+                raise BadRequest(400, f"Content-Length must be a number of bytes; received {received(raw)}")
             if int(raw) > limit:
                 raise BadRequest(413, f"a body of at most {limit} bytes is expected here; received Content-Length "
                                       f"{int(raw)}")
@@ -217,7 +213,8 @@ def _handler_class(base):
                     try:
                         entry = json.loads(data)
                     except ValueError as err:
-                        raise BadRequest(400, f"a registration must be JSON ({err}); received {_shown(data)}") from None
+                        raise BadRequest(400, f"a registration must be JSON ({err}); received "
+                                              f"{received(data)}") from None
                     status, payload = self.server.registry.register(check_entry(entry), self.client_address[0])
                     self._reply(status, payload)
                 elif not self._refused():
