@@ -165,7 +165,8 @@ def supervise(workers: list[tuple[list[str], dict[str, str]]], grace: float = 5.
     procs: dict[int, subprocess.Popen] = {}
     report = FailureReport(stall_timeout=_seconds(workers[0][1].get(settings.variable("stall_timeout")))
                            if workers else None)
-    error_dir = os.environ.get(settings.variable("error_dir")) or tempfile.mkdtemp(prefix="hvdkeras-errors-")
+    given_dir = os.environ.get(settings.variable("error_dir"))
+    error_dir = given_dir or tempfile.mkdtemp(prefix="hvdkeras-errors-")
 
     def pump(rank: int, stream_name: str, pipe) -> None:
         prefix = f"[{rank}]<{stream_name}>:".encode()
@@ -225,7 +226,8 @@ def supervise(workers: list[tuple[list[str], dict[str, str]]], grace: float = 5.
         failed = [(r, p.returncode) for r, p in sorted(procs.items()) if p.returncode != 0]
         first = failed[0] if failed else None
     if first is None:
-        shutil.rmtree(error_dir, ignore_errors=True)
+        if not given_dir:  # the folder this node made; one the user named is theirs
+            shutil.rmtree(error_dir, ignore_errors=True)
         return 0
     for rank, proc in procs.items():
         report.add_exit(rank, proc.returncode)

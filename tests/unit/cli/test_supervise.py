@@ -163,6 +163,16 @@ def test_supervise_returns_0_when_every_worker_succeeds(capfd):
 
 
 @pytest.mark.timeout(120)
+def test_supervise_keeps_an_error_folder_the_user_named(monkeypatch, tmp_path):
+    folder = tmp_path / "errors"
+    folder.mkdir()
+    (folder / "keep.txt").write_text("mine")
+    monkeypatch.setenv("HVDKERAS_ERROR_DIR", str(folder))
+    assert supervise([(worker("print('ok')"), {"RANK": str(r)}) for r in range(2)]) == 0
+    assert (folder / "keep.txt").read_text() == "mine"
+
+
+@pytest.mark.timeout(120)
 def test_stream_passes_the_output_through_and_names_the_rank_that_failed_first(capfd):
     printed = ("import sys\n"
                "print('[1]<stderr>:Traceback (most recent call last)')\n"
