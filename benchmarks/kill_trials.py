@@ -90,7 +90,7 @@ def trial(writer: str, out: Path, kill_epoch: int, fraction: float, whole: Path 
     if writer == "checkpoint":
         expected = sorted(out.glob("ckpt-*.keras"))
         newest = out / f"ckpt-{kill_epoch:02d}.keras"  # epoch kill_epoch - 1 (0-based) written in full
-        if not (out / f"ckpt-{kill_epoch:02d}.keras").exists():
+        if not newest.exists():
             record["lost"].append(f"the newest complete checkpoint {newest.name} is missing")
     elif writer == "save":
         expected = [out / "model.keras"]
