@@ -27,8 +27,12 @@ model per worker. Installed as the patch "loops" (part of `wrap.install`), this 
   one process prints for its Keras metrics; the script's own tensors (a loss it prints) stay each worker's.
 
 Refused with one clear error: an update inside `tf.function(jit_compile=True)`, where Horovod's collectives
-cannot be compiled. Said once: `tf.clip_by_global_norm` in the script on split data clips each worker's
-gradient before the average (one process clips the average); the optimizer's `global_clipnorm` does not.
+cannot be compiled.
+
+Clipping written in the loop: `tf.clip_by_global_norm` and `tf.clip_by_norm` given a tape's gradients of
+variables on split data average them across the workers first, then clip, as one process clips the whole
+batch's gradient; the optimizer does not reduce the clipped gradients again. Said once: a global-norm clip by a
+norm the script computed itself (`use_norm=`), which stays each worker's.
 """
 
 from __future__ import annotations
@@ -56,9 +60,11 @@ PATCH = "loops"
 # split: how the script's own iteration of a batched dataset is split (None: not at all); split_any: whether a
 # dataset was split in this process, from which on Keras metric results are global.
 # handled: the datasets a strategy of the script gave back already split (or left whole), not split again.
-# explicit: the script called hvdkeras.init() itself (leave_data).
+# explicit: the script called hvdkeras.init() itself (leave_data). clip_sites: the places in the script that clip
+# gradients, numbered in the order first reached (_clip_name).
 _state: dict[str, Any] = {"options": None, "names": NamesByIdentity("hvdkeras.loop"), "warned": set(),
-                          "split": None, "split_any": False, "handled": weakref.WeakSet(), "explicit": False}
+                          "split": None, "split_any": False, "handled": weakref.WeakSet(), "explicit": False,
+                          "clip_sites": {}}
 
 NOT_SPLIT = (
     "hvdkeras: the script trains in a loop of its own (its optimizer's apply_gradients or apply), and the loop's "
@@ -86,13 +92,16 @@ def install(options: ReductionOptions | None = None, batch: str | None = None) -
     changes.append((tf.data.Dataset, "__iter__", _split_iteration(vars(tf.data.Dataset)["__iter__"])))
     changes += [(cls, "result", _global_result(vars(cls)["result"])) for cls in _metric_classes()]
     changes.append((Metric, "__init_subclass__", classmethod(_wrap_new_metric)))
-    changes.append((tf, "clip_by_global_norm", _clip_said(tf.clip_by_global_norm)))
+    changes.append((tf.GradientTape, "gradient", _registering(vars(tf.GradientTape)["gradient"])))
+    changes.append((tf, "clip_by_global_norm", _clip_exact(tf.clip_by_global_norm)))
+    changes.append((tf, "clip_by_norm", _clip_norm_exact(tf.clip_by_norm)))
     changes += strategy_loops.changes(_state, split_for_loop)
     return patches.install(PATCH, changes)
 
 
 def uninstall() -> bool:
     _state["names"].clear()
+    _state["clip_sites"].clear()
     return patches.uninstall(PATCH)
 
 
@@ -128,27 +137,105 @@ def split_for_loop(dataset: tf.data.Dataset) -> tf.data.Dataset | None:
     return data.split_batches(dataset) if how == "global" else data.shard(dataset)
 
 
+# Gradients the script's tapes returned for variables, by id, while they live: the tensors that clipping in the
+# loop reduces before it clips (a tensor of the model's forward pass is never reduced).
+_gradients: "weakref.WeakValueDictionary[int, Any]" = weakref.WeakValueDictionary()
+
+
+def _registering(tape_gradient):
+    def gradient(tape, target, sources, *args, **kwargs):
+        grads = tape_gradient(tape, target, sources, *args, **kwargs)
+        if C.is_initialized() and C.size() > 1:
+            for source, grad in zip(tf.nest.flatten(sources), tf.nest.flatten(grads)):
+                if grad is not None and isinstance(source, (keras.Variable, tf.Variable)):
+                    _gradients[id(grad)] = grad
+        return grads
+
+    gradient.__wrapped__ = tape_gradient
+    gradient.__doc__ = tape_gradient.__doc__
+    return gradient
+
+
+def _clipping_gradients(flat: list, caller: Any) -> bool:
+    """Whether a clip in the loop gets the gradients of its part of the batch, where one process would clip the
+    whole batch's: the data is split, every tensor is a tape's gradient of a variable, and not all of them are
+    reduced already (by a DistributedGradientTape)."""
+    return (_state["split_any"] and not _state["explicit"] and patches.installed(PATCH) and C.is_initialized()
+            and C.size() > 1 and bool(flat) and script_writes.from_script(caller)
+            and all(_gradients.get(id(t)) is t for t in flat) and not all(reduction.is_reduced(t) for t in flat))
+
+
+# In each traced step (its graph, while it lives): how many times each place clipped in it.
+_clip_counts: "weakref.WeakKeyDictionary[Any, dict[int, int]]" = weakref.WeakKeyDictionary()
+
+
+def _clip_name(caller: Any) -> str:
+    """The collectives' name of a clip's reduction: by its place in the script (numbered in the order first
+    reached, the same on every worker: a traced step's source file is named differently on each), and in a
+    traced step by its count there too, since two reductions of one graph may run at the same time."""
+    sites = _state["clip_sites"]
+    index = sites.setdefault((caller.f_code.co_filename, caller.f_lineno), len(sites))
+    name = f"hvdkeras.loop_clip.{index}"
+    if tf.inside_function():
+        counts = _clip_counts.setdefault(tf.compat.v1.get_default_graph(), {})
+        counts[index] = counts.get(index, -1) + 1
+        name += f".{counts[index]}"
+    return name
+
+
+def _reduce_for_clip(flat: list, caller: Any) -> list:
+    return reduction.reduce_gradients(flat, flat, _options(), name=_clip_name(caller))
+
+
 CLIPPED_BEFORE = (
-    "hvdkeras: the loop clips its gradients by their global norm (tf.clip_by_global_norm) before the optimizer "
-    "applies them, and its data is split: each worker clips the gradient of its part of the batch, and hvdkeras "
-    "averages the clipped gradients in the optimizer, where one process clips the gradient of the whole batch. "
-    "The job still trains one model. To clip as one process does, give the optimizer global_clipnorm=... (or "
-    "clipnorm=...), which sees the averaged gradients, or reduce first with hvdkeras.DistributedGradientTape.")
+    "hvdkeras: the loop clips its gradients by a norm it computed itself (tf.clip_by_global_norm(..., use_norm=...)) "
+    "before the optimizer applies them, and its data is split: each worker clips the gradient of its part of the "
+    "batch by its own norm, and hvdkeras averages the clipped gradients in the optimizer, where one process clips "
+    "the gradient of the whole batch. The job still trains one model. To clip as one process does, leave out "
+    "use_norm (hvdkeras then averages the gradients before the clip), give the optimizer global_clipnorm=..., or "
+    "reduce first with hvdkeras.DistributedGradientTape.")
 
 
-def _clip_said(tf_clip_by_global_norm):
+def _clip_exact(tf_clip_by_global_norm):
+    """tf.clip_by_global_norm on a tape's gradients of split data: the gradients are averaged across the workers
+    first (as the optimizer would average them), then clipped, so the clip sees one process's gradient; the
+    clipped gradients, the same on every worker, are not reduced again by the optimizer."""
     def clip_by_global_norm(t_list, clip_norm, use_norm=None, name=None):
-        if (_state["split_any"] and C.is_initialized() and C.size() > 1 and "clip" not in _state["warned"]
-                and script_writes.from_script(sys._getframe(1))
-                and not any(reduction.is_reduced(t) for t in tf.nest.flatten(t_list))):
-            _state["warned"].add("clip")
-            if rank_zero.is_rank_zero():
-                warnings.warn(CLIPPED_BEFORE, stacklevel=2)
-        return tf_clip_by_global_norm(t_list, clip_norm, use_norm=use_norm, name=name)
+        caller = sys._getframe(1)
+        flat = [t for t in t_list if t is not None] if isinstance(t_list, (list, tuple)) else []
+        if not _clipping_gradients(flat, caller) or reduction.in_xla_context():
+            return tf_clip_by_global_norm(t_list, clip_norm, use_norm=use_norm, name=name)
+        if use_norm is not None:
+            if "clip" not in _state["warned"]:
+                _state["warned"].add("clip")
+                if rank_zero.is_rank_zero():
+                    warnings.warn(CLIPPED_BEFORE, stacklevel=2)
+            return tf_clip_by_global_norm(t_list, clip_norm, use_norm=use_norm, name=name)
+        reduced = iter(_reduce_for_clip(flat, caller))
+        t_list = [None if t is None else next(reduced) for t in t_list]
+        clipped, norm = tf_clip_by_global_norm(t_list, clip_norm, name=name)
+        reduction.mark_reduced(clipped)
+        return clipped, norm
 
     clip_by_global_norm.__wrapped__ = tf_clip_by_global_norm
     clip_by_global_norm.__doc__ = tf_clip_by_global_norm.__doc__
     return clip_by_global_norm
+
+
+def _clip_norm_exact(tf_clip_by_norm):
+    """tf.clip_by_norm on a tape's gradient of split data: averaged across the workers, then clipped (see
+    _clip_exact)."""
+    def clip_by_norm(t, clip_norm, axes=None, name=None):
+        caller = sys._getframe(1)
+        if t is None or not _clipping_gradients([t], caller) or reduction.in_xla_context():
+            return tf_clip_by_norm(t, clip_norm, axes=axes, name=name)
+        clipped = tf_clip_by_norm(_reduce_for_clip([t], caller)[0], clip_norm, axes=axes, name=name)
+        reduction.mark_reduced([clipped])
+        return clipped
+
+    clip_by_norm.__wrapped__ = tf_clip_by_norm
+    clip_by_norm.__doc__ = tf_clip_by_norm.__doc__
+    return clip_by_norm
 
 
 def _metric_classes() -> list[type]:

@@ -227,6 +227,14 @@ def is_reduced(grad: Any) -> bool:
     return grad is not None and _reduced.get(id(grad)) is grad
 
 
+def mark_reduced(grads: Sequence[Any]) -> None:
+    """Marks tensors computed from reduced gradients alike on every worker (a clip of them) as reduced: an
+    optimizer that gets them does not reduce them again."""
+    for g in grads:
+        if g is not None:
+            _reduced[id(g)] = g
+
+
 _depth = threading.local()
 
 
@@ -288,8 +296,7 @@ def reduce_gradients(grads: Sequence[Any], variables: Sequence[Any], options: Re
         _reduce_dense(out, group, options, name=f"{name}.{k}")
     for i in sparse:
         out[i] = _reduce_sparse(out[i], options, name=f"{name}.sparse.{i}")
-    for i in [*dense, *sparse]:
-        _reduced[id(out[i])] = out[i]
+    mark_reduced([out[i] for i in [*dense, *sparse]])
     return out
 
 

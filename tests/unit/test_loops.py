@@ -220,20 +220,79 @@ def test_keras_metric_results_are_global_once_the_data_is_split(split_as_rank1, 
     assert summed == ["hvdkeras.loop_metrics"] * 2
 
 
-def test_clipping_in_the_loop_on_split_data_is_said_once(split_as_rank1, monkeypatch):
+@pytest.fixture
+def split_counted(split_as_rank1, monkeypatch):
+    """split_as_rank1, with the names of the gradients' reductions counted (values unchanged: one process)."""
+    names = []
+    grouped = C.grouped_allreduce
+
+    def grouped_allreduce(tensors, *args, **kwargs):
+        names.append(kwargs.get("name"))
+        return grouped(tensors, *args, **kwargs)
+
+    monkeypatch.setattr(C, "grouped_allreduce", grouped_allreduce)
     monkeypatch.setattr(loops.rank_zero, "is_rank_zero", lambda: True)
-    grads = [tf.constant([3.0, 4.0])]
+    yield names
+
+
+def _split_something():
+    for _ in tf.data.Dataset.from_tensor_slices(np.zeros((4, 1), "float32")).batch(2):
+        pass
+
+
+@pytest.mark.parametrize("traced", [False, True])
+def test_clipping_in_the_loop_averages_the_gradients_first_and_the_optimizer_not_again(split_counted, traced):
+    model, opt = _model(), keras.optimizers.SGD(0.1)
+    model(X)  # built, and broadcast at the first update
+
+    def step(per_tensor):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean(model(X) ** 2) * 100.0
+        grads = tape.gradient(loss, model.trainable_variables)
+        if per_tensor:
+            clipped, norm = [tf.clip_by_norm(g, 1.0) for g in grads], tf.constant(2.0)
+        else:
+            clipped, norm = tf.clip_by_global_norm(grads, 1.0)
+        opt.apply_gradients(zip(clipped, model.trainable_variables))
+        return clipped, norm
+
+    run = tf.function(step) if traced else step
+    run(False)  # nothing split yet: each worker's gradient is one process's, left to the optimizer
+    assert split_counted == ["hvdkeras.loop.0.0"]
+    split_counted.clear()
+    _split_something()
+    run = tf.function(step) if traced else step
+    clipped, norm = run(False)
+    # the gradients averaged at the clip, before it (in one bucket: ".0"); the optimizer gets the clipped ones,
+    # marked reduced
+    assert split_counted == ["hvdkeras.loop_clip.0" + (".0" if traced else "") + ".0"]
+    assert float(norm) > 1.0
+    np.testing.assert_allclose(float(tf.linalg.global_norm(clipped)), 1.0, rtol=1e-5)
+    split_counted.clear()
+    run(True)
+    # one reduction per tf.clip_by_norm, named apart in one traced step (they may run at the same time)
+    assert split_counted == (["hvdkeras.loop_clip.1.0.0", "hvdkeras.loop_clip.1.1.0"] if traced
+                             else ["hvdkeras.loop_clip.1.0"] * 2)
+
+
+def test_clipping_what_is_no_gradient_or_by_the_scripts_own_norm_reduces_nothing(split_counted):
+    _split_something()
+    activations = [tf.constant([3.0, 4.0])]
+    clipped, norm = tf.clip_by_global_norm(activations, 1.0)  # a forward pass's tensors: not gradients
+    np.testing.assert_allclose(clipped[0], [0.6, 0.8])
+    np.testing.assert_allclose(tf.clip_by_norm(activations[0], 1.0), [0.6, 0.8])
+    assert split_counted == []
+    model = _model()
+    with tf.GradientTape() as tape:
+        loss = tf.reduce_mean(model(X) ** 2)
+    grads = tape.gradient(loss, model.trainable_variables)
     with warnings.catch_warnings(record=True) as said:
         warnings.simplefilter("always")
-        tf.clip_by_global_norm(grads, 1.0)  # nothing split yet: the gradient is one process's
-        for _ in tf.data.Dataset.from_tensor_slices(np.zeros((4, 1), "float32")).batch(2):
-            pass
-        clipped, norm = tf.clip_by_global_norm(grads, 1.0)
-        tf.clip_by_global_norm(grads, 1.0)
-    messages = [str(w.message) for w in said if "clips its gradients" in str(w.message)]
-    assert len(messages) == 1 and "global_clipnorm" in messages[0]
-    np.testing.assert_allclose(norm, 5.0)
-    np.testing.assert_allclose(clipped[0], [0.6, 0.8])
+        for _ in range(2):
+            tf.clip_by_global_norm(grads, 1.0, use_norm=tf.linalg.global_norm(grads))
+    messages = [str(w.message) for w in said if "clips its gradients by a norm" in str(w.message)]
+    assert len(messages) == 1 and "use_norm" in messages[0]
+    assert split_counted == []
 
 
 def test_a_model_built_inside_the_traced_step_is_broadcast_inside_it_once(split_as_rank1):
