@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
+import glob
 import json
 import os
+import uuid
 from typing import Any
 
 import keras
@@ -174,12 +177,21 @@ class BackupAndRestore(keras.callbacks.BackupAndRestore):
     """`keras.callbacks.BackupAndRestore` for data-parallel jobs (same arguments).
 
     Rank 0 restores the backup and its epoch; every rank then takes rank 0's weights, optimizer state and
-    epoch, so all ranks resume identically without reading the backup themselves. Only rank 0 writes, and
-    each file is written under a temporary name and renamed, so a crash never leaves a truncated backup.
+    epoch, so all ranks resume identically without reading the backup themselves. Only rank 0 writes.
+
+    A backup is Keras's two files, the weights and the epoch, and a crash must never leave one of a backup and
+    the other of the one before (a resume would then train an epoch twice). So a backup is committed in one
+    step: the weights are written in full under a pending name, then the epoch file, naming them, replaces the
+    old one (the commit), then the weights take their place. A restore finds a commit that a crash cut short
+    by the pending weights its epoch file names, and finishes it; pending weights no epoch file names are
+    removed. Every file is written under a temporary name and renamed, so none is ever truncated.
     """
+
+    PENDING = "hvdkeras-pending-"
 
     def on_train_begin(self, logs=None):
         if rank_zero.is_rank_zero():
+            self._finish_commit()
             with rank_zero.solo():
                 super().on_train_begin(logs)
         if C.is_initialized() and C.size() > 1:
@@ -201,11 +213,29 @@ class BackupAndRestore(keras.callbacks.BackupAndRestore):
 
     def _write_backup(self):
         os.makedirs(self.backup_dir, exist_ok=True)
-        with saving.atomic_path(self._weights_path) as tmp:
+        pending = os.path.join(self.backup_dir, f".{self.PENDING}{uuid.uuid4().hex}.weights.h5")
+        with saving.atomic_path(pending) as tmp:
             self.model.save_weights(tmp, overwrite=True)
-        with saving.atomic_path(self._training_metadata_path) as tmp:
+        with saving.atomic_path(self._training_metadata_path) as tmp:  # the commit
             with open(tmp, "w") as f:
-                json.dump({"epoch": self._current_epoch, "batch": self._last_batch_seen}, f)
+                json.dump({"epoch": self._current_epoch, "batch": self._last_batch_seen,
+                           "pending_weights": os.path.basename(pending)}, f)
+        os.replace(pending, self._weights_path)
+
+    def _finish_commit(self):
+        """Puts in place the weights of a backup whose commit a crash cut short, and removes the weights of one
+        that was never committed."""
+        named = None
+        try:
+            with open(self._training_metadata_path) as f:
+                named = json.load(f).get("pending_weights")
+        except (OSError, ValueError, AttributeError):
+            pass
+        if named and os.path.exists(os.path.join(self.backup_dir, named)):
+            os.replace(os.path.join(self.backup_dir, named), self._weights_path)
+        for stale in glob.glob(os.path.join(glob.escape(self.backup_dir), f".*{self.PENDING}*")):
+            with contextlib.suppress(OSError):
+                os.unlink(stale)
 
     def on_train_end(self, logs=None):
         # Everyone is past the last epoch before rank 0 removes the backup.

@@ -1,5 +1,7 @@
 """hvdkeras.callbacks.rank_zero: callbacks gated on rank 0 (a faked rank), progress bars, checkpoints and backups."""
 
+import os
+
 import keras
 import numpy as np
 import pytest
@@ -85,3 +87,50 @@ def test_backup_and_restore_resumes_epoch(hvd, tmp_path):
     history = run(4)
     assert history.epoch == [2, 3]
     assert not (tmp_path / "backup").exists()
+
+
+@pytest.mark.parametrize("cut", ["before the commit", "after the commit"])
+def test_a_backup_cut_short_resumes_from_one_whole_backup(hvd, tmp_path, monkeypatch, cut):
+    # A crash between Keras's two files must never give the weights of one epoch with the epoch of another
+    # (the resume would train an epoch twice): it resumes from the last backup (before the commit) or from the
+    # new one (after it), whole.
+    from callbacks import rank_zero as rz
+
+    def model_at(epochs):
+        keras.utils.set_random_seed(0)
+        model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+        model.compile(optimizer=hvd.DistributedOptimizer(keras.optimizers.SGD(0.1)), loss="mse")
+        if epochs:
+            model.fit(np.ones((4, 2)), np.ones((4, 1)), epochs=epochs, verbose=0)
+        return model
+
+    backup = rz.BackupAndRestore(str(tmp_path / "backup"))
+    backup.set_model(model_at(1))
+    backup._current_epoch = 1
+    backup._write_backup()
+    backup.set_model(model_at(2))
+    backup._current_epoch = 2
+    real_replace = os.replace
+
+    def crash(src, dst):
+        if (cut == "before the commit" and dst == backup._training_metadata_path) or (
+                cut == "after the commit" and dst == backup._weights_path):
+            raise KeyboardInterrupt("killed")
+        return real_replace(src, dst)
+
+    monkeypatch.setattr(rz.os, "replace", crash)
+    with pytest.raises(KeyboardInterrupt):
+        backup._write_backup()
+    monkeypatch.setattr(rz.os, "replace", real_replace)
+    assert any(rz.BackupAndRestore.PENDING in p.name for p in (tmp_path / "backup").iterdir())
+
+    resumed = model_at(0)
+    restore = rz.BackupAndRestore(str(tmp_path / "backup"))
+    restore.set_model(resumed)
+    restore.on_train_begin()
+    epoch, expected = (1, model_at(1)) if cut == "before the commit" else (2, model_at(2))
+    assert resumed._initial_epoch == epoch
+    assert sorted(p.name for p in (tmp_path / "backup").iterdir()) == ["latest.weights.h5", "training_metadata.json"]
+    for got, want in zip(resumed.get_weights(), expected.get_weights()):
+        np.testing.assert_array_equal(got, want)
+    assert not any(rz.BackupAndRestore.PENDING in p.name for p in (tmp_path / "backup").iterdir())
