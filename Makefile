@@ -101,6 +101,8 @@ horovod-examples: install
 GPU_VENV := .venv-gpu
 GPU_PY := $(GPU_VENV)/bin/python
 GPU_TF_SPEC ?= tensorflow[and-cuda]==2.21.0
+# The Debian archive for the toolkit's packages; left empty, each archive of the machine's apt sources in turn.
+CUDA_DEB_ARCHIVE ?=
 SCENARIO_MODULES = $(shell grep -l '^SCENARIOS' tests/multiworker/test_*.py)
 
 gpu-build: lab
@@ -108,7 +110,7 @@ gpu-build: lab
 	$(PYTHON) -m venv $(GPU_VENV)
 	$(GPU_PY) -m pip install --quiet --upgrade pip setuptools wheel
 	$(GPU_PY) -m pip install --quiet "$(GPU_TF_SPEC)" "keras>=3.0,<4" numpy
-	cuda_home=$$($(GPU_PY) scripts/cuda_toolkit.py $(GPU_PY)) && CUDA_HOME=$$cuda_home bash scripts/install_horovod.sh $(GPU_PY)
+	cuda_home=$$($(GPU_PY) scripts/cuda_toolkit.py $(GPU_PY) $(if $(CUDA_DEB_ARCHIVE),--archive $(CUDA_DEB_ARCHIVE))) && CUDA_HOME=$$cuda_home bash scripts/install_horovod.sh $(GPU_PY)
 	$(GPU_PY) -m pip install --quiet -e ".[test,examples]"
 	$(GPU_PY) $(LAB_PTH)
 	$(GPU_VENV)/bin/horovodrun --check-build | tee $(GPU_VENV)/check-build.txt

@@ -1,14 +1,16 @@
 """A private CUDA 12 toolkit for Horovod's GPU build, made from packages, with nothing installed system-wide.
 
-    python scripts/cuda_toolkit.py VENV_PYTHON      (prints the CUDA home to pass as CUDA_HOME)
+    python scripts/cuda_toolkit.py VENV_PYTHON [--archive URL]   (prints the CUDA home to pass as CUDA_HOME)
 
 Horovod compiles a few CUDA kernels with nvcc, and TensorFlow's `nvidia-cuda-nvcc-cu12` wheels hold ptxas but
 no nvcc. This assembles a CUDA 12.4 toolkit from:
-- Debian's `nvidia-cuda-toolkit` 12.4.131 (non-free, from deb.debian.org): nvcc, cicc, cudafe++, ptxas,
+- Debian's `nvidia-cuda-toolkit` 12.4.131 (non-free): nvcc, cicc, cudafe++, ptxas,
   fatbinary, nvlink, bin2c and libdevice; and from its `nvidia-cuda-dev` 12.4.127, the runtime's static
   libraries that nvcc links by default (libcudart_static.a, libcudadevrt.a, libculibos.a: nvlink refuses a
   libcudadevrt.a newer than itself, as the venv's CUDA 12.9 one is). Unpacked in Python as they download,
-  not installed; each checked against its SHA-256.
+  not installed; each checked against its SHA-256. They come from the pool of a Debian archive that the
+  machine's apt sources name (/etc/apt/sources.list, and the .list and .sources files of sources.list.d), each
+  tried in turn, or from the one `--archive URL` gives.
 - NVIDIA's wheels of the same release from PyPI, for their headers: `nvidia-cuda-nvcc-cu12==12.4.131`
   (nvcc's own, crt/), `nvidia-cuda-runtime-cu12==12.4.127` (the runtime's) and `nvidia-cuda-cccl-cu12==12.4.127.post1`
   (libcu++'s nv/target, which cuda_fp16.h includes).
@@ -21,6 +23,7 @@ Code compiled with CUDA 12.4 runs on any later CUDA 12 runtime.
 
 from __future__ import annotations
 
+import argparse
 import hashlib
 import io
 import os
@@ -29,15 +32,17 @@ import subprocess
 import sys
 import tarfile
 import tempfile
+import urllib.error
 import urllib.request
 import zipfile
 from pathlib import Path
 
 RELEASE = "12.4.131"
-POOL = "http://deb.debian.org/debian/pool/non-free/n/nvidia-cuda-toolkit/"
-TOOLS_DEB = (POOL + "nvidia-cuda-toolkit_12.4.131~12.4.1-2_amd64.deb",
+POOL = "pool/non-free/n/nvidia-cuda-toolkit/"  # under an archive's URI
+APT = Path("/etc/apt")
+TOOLS_DEB = ("nvidia-cuda-toolkit_12.4.131~12.4.1-2_amd64.deb",
              "cd5fe85aee38d108b315f408a688641478f2402622a10c677478eb7a6c4e5319")
-DEV_DEB = (POOL + "nvidia-cuda-dev_12.4.127~12.4.1-2_amd64.deb",
+DEV_DEB = ("nvidia-cuda-dev_12.4.127~12.4.1-2_amd64.deb",
            "d846838f914a0176948d48a8bcade5d6dbcccb5c9374343f6475f5503f173ee0")
 WHEELS = ("nvidia-cuda-nvcc-cu12==12.4.131", "nvidia-cuda-runtime-cu12==12.4.127",
           "nvidia-cuda-cccl-cu12==12.4.127.post1")
@@ -145,6 +150,60 @@ class _Limited(io.RawIOBase):
         return len(data)
 
 
+def apt_archives(apt: Path = APT) -> list[str]:
+    """The URIs of the binary ("deb") archives that apt is configured with, in apt's order, each once.
+
+    Reads one-line sources (sources.list, sources.list.d/*.list: `deb [options] URI suite ...`) and deb822
+    ones (sources.list.d/*.sources: `Types:` and `URIs:` fields, stanzas apart by blank lines, `Enabled: no`
+    skipped). Files with other endings are ignored, as apt ignores them.
+    """
+    found: list[str] = []
+    part = apt / "sources.list.d"
+    lists = [apt / "sources.list", *sorted(part.glob("*.list"))] if part.is_dir() else [apt / "sources.list"]
+    for path in lists:
+        if not path.is_file():
+            continue
+        for line in path.read_text(errors="replace").splitlines():
+            words = line.split("#", 1)[0].split()
+            if words and words[0] == "deb":
+                words = words[1:]
+                if words and words[0].startswith("["):  # [arch=amd64 signed-by=...]
+                    while words and not words[0].endswith("]"):
+                        words = words[1:]
+                    words = words[1:]
+                if words:
+                    found.append(words[0])
+    for path in sorted(part.glob("*.sources")) if part.is_dir() else []:
+        for stanza in path.read_text(errors="replace").split("\n\n"):
+            fields: dict[str, str] = {}
+            for line in stanza.splitlines():
+                if line.lstrip().startswith("#") or ":" not in line or line[:1].isspace():
+                    continue
+                key, value = line.split(":", 1)
+                fields[key.strip().lower()] = value.strip()
+            if "deb" in fields.get("types", "").split() and fields.get("enabled", "yes").lower() != "no":
+                found.extend(fields.get("uris", "").split())
+    return list(dict.fromkeys(uri.rstrip("/") + "/" for uri in found))
+
+
+def fetch_from_archives(archives: list[str], deb: tuple[str, str], wanted) -> dict[str, bytes]:
+    """`fetch_deb` from the first archive that has the package in its pool; an error naming every URL tried."""
+    name, sha256 = deb
+    if not archives:
+        raise ToolkitError(f"no Debian archive to download {name} from: the apt sources name none of type "
+                           f"'deb' ({APT}/sources.list, {APT}/sources.list.d/*.list and *.sources were read); "
+                           f"give one with --archive URL")
+    failures = []
+    for archive in archives:
+        url = archive + POOL + name
+        try:
+            return fetch_deb(url, sha256, wanted)
+        except urllib.error.URLError as err:  # not in this archive's pool (or the archive is out of reach)
+            failures.append(f"{url}: {getattr(err, 'reason', err)}")
+    raise ToolkitError(f"no archive had {name} (Debian's non-free component, {POOL}); tried: "
+                       + "; ".join(failures) + ". Give an archive that has it with --archive URL")
+
+
 def fetch_deb(url: str, sha256: str, wanted) -> dict[str, bytes]:
     """The `wanted` files of the .deb at url, checked against its SHA-256."""
     print(f"cuda_toolkit.py: downloading {url}", file=sys.stderr)
@@ -179,7 +238,7 @@ def install_wheel_headers(wheel: Path, dest: Path) -> None:
                 path.write_bytes(archive.read(name))
 
 
-def build_cache(cache: Path, python: str) -> Path:
+def build_cache(cache: Path, python: str, archives: list[str]) -> Path:
     """The tools and headers of the toolkit, made once in cache/cuda-RELEASE."""
     done = cache / f"cuda-{RELEASE}"
     if (done / "bin" / "nvcc").is_file():  # made in a temporary folder, renamed into place when complete
@@ -188,8 +247,8 @@ def build_cache(cache: Path, python: str) -> Path:
     with tempfile.TemporaryDirectory(dir=cache) as work:
         work_dir = Path(work)
         staging = work_dir / "toolkit"
-        for (url, sha256), where in ((TOOLS_DEB, DEB_FILES), (DEV_DEB, DEV_FILES)):
-            install_files(fetch_deb(url, sha256, set(where)), where, staging)
+        for deb, where in ((TOOLS_DEB, DEB_FILES), (DEV_DEB, DEV_FILES)):
+            install_files(fetch_from_archives(archives, deb, set(where)), where, staging)
         (staging / "bin" / "nvcc.profile").write_text(PROFILE)
         subprocess.run([python, "-m", "pip", "download", "--quiet", "--no-deps", "--only-binary", ":all:",
                         "-d", str(work_dir / "wheels"), *WHEELS], check=True)
@@ -244,16 +303,19 @@ def nvcc_release(home: Path) -> str:
 
 
 def main(argv: list[str]) -> int:
-    if len(argv) != 1:
-        print("usage: cuda_toolkit.py VENV_PYTHON", file=sys.stderr)
-        return 2
-    python = argv[0]
+    parser = argparse.ArgumentParser(prog="cuda_toolkit.py", description=__doc__.splitlines()[0])
+    parser.add_argument("python", metavar="VENV_PYTHON", help="the Python of the venv that gets the CUDA home")
+    parser.add_argument("--archive", metavar="URL", help="the Debian archive to download the toolkit's packages "
+                        "from (default: each archive of the apt sources in turn)")
+    args = parser.parse_args(argv)
+    python = args.python
     cache = Path(os.environ.get("HVDKERAS_CACHE_DIR")
                  or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "hvdkeras")
     venv = Path(subprocess.run([python, "-c", "import sys; print(sys.prefix)"], capture_output=True, text=True,
                                check=True).stdout.strip())
     try:
-        home = make_home(build_cache(cache, python), runtime_lib(python), venv / "cuda-home")
+        archives = [args.archive.rstrip("/") + "/"] if args.archive else apt_archives()
+        home = make_home(build_cache(cache, python, archives), runtime_lib(python), venv / "cuda-home")
         nvcc_release(home)
     except (ToolkitError, OSError, subprocess.CalledProcessError) as err:
         print(f"cuda_toolkit.py: error: {err}", file=sys.stderr)

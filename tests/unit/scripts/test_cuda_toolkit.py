@@ -99,3 +99,50 @@ def test_headers_come_from_the_wheels_include_folder(tmp_path):
 def test_a_venv_without_tensorflows_cuda_runtime_is_named(tmp_path):
     with pytest.raises(cuda_toolkit.ToolkitError, match="has no nvidia-cuda-runtime-cu12.*tensorflow\\[and-cuda\\]"):
         cuda_toolkit.runtime_lib(sys.executable)  # this venv's TensorFlow is the CPU build
+
+
+def test_the_archives_are_the_ones_apt_is_configured_with(tmp_path):
+    (tmp_path / "sources.list.d").mkdir()
+    (tmp_path / "sources.list").write_text(
+        "# a comment\n"
+        "deb [arch=amd64 signed-by=/usr/share/keyrings/a.gpg] http://archive.test/debian bookworm main\n"
+        "deb-src http://archive.test/source bookworm main\n"
+        "deb http://archive.test/debian/ bookworm-updates main  # the same archive again\n")
+    (tmp_path / "sources.list.d" / "extra.list").write_text("deb file:///srv/local-archive stable main\n")
+    (tmp_path / "sources.list.d" / "off.list.disabled").write_text("deb http://never.test/debian x main\n")
+    (tmp_path / "sources.list.d" / "debian.sources").write_text(
+        "Types: deb deb-src\n"
+        "# http://snapshot.test/archive\n"
+        "URIs: http://second.test/debian http://third.test/debian\n"
+        "Suites: bookworm\n"
+        "Components: main\n"
+        "\n"
+        "Types: deb\n"
+        "URIs: http://disabled.test/debian\n"
+        "Enabled: no\n"
+        "\n"
+        "Types: deb-src\n"
+        "URIs: http://source-only.test/debian\n")
+    assert cuda_toolkit.apt_archives(tmp_path) == [
+        "http://archive.test/debian/", "file:///srv/local-archive/", "http://second.test/debian/",
+        "http://third.test/debian/"]
+    assert cuda_toolkit.apt_archives(tmp_path / "nothing-here") == []
+
+
+def test_the_package_comes_from_the_first_archive_whose_pool_has_it(tmp_path):
+    name = "tools.deb"
+    second = tmp_path / "second"
+    (second / cuda_toolkit.POOL).mkdir(parents=True)
+    (second / cuda_toolkit.POOL / name).write_bytes(deb(TOOLS))
+    digest = hashlib.sha256(deb(TOOLS)).hexdigest()
+    archives = [(tmp_path / "first").as_uri() + "/", second.as_uri() + "/"]
+    assert cuda_toolkit.fetch_from_archives(archives, (name, digest), {"usr/bin/ptxas"}) == {
+        "usr/bin/ptxas": TOOLS["usr/bin/ptxas"]}
+    with pytest.raises(cuda_toolkit.ToolkitError, match="has SHA-256"):  # a wrong package is not skipped over
+        cuda_toolkit.fetch_from_archives(archives, (name, "0" * 64), {"usr/bin/ptxas"})
+    with pytest.raises(cuda_toolkit.ToolkitError) as err:
+        cuda_toolkit.fetch_from_archives(archives[:1], (name, digest), {"usr/bin/ptxas"})
+    assert f"no archive had {name}" in str(err.value) and archives[0] + cuda_toolkit.POOL + name in str(err.value)
+    assert "--archive URL" in str(err.value)
+    with pytest.raises(cuda_toolkit.ToolkitError, match="the apt sources name none of type 'deb'.*--archive URL"):
+        cuda_toolkit.fetch_from_archives([], (name, digest), {"usr/bin/ptxas"})
