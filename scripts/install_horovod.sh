@@ -24,8 +24,8 @@ PY=${1:?usage: install_horovod.sh PYTHON}
 HVD_VERSION=0.28.1
 # Bumped whenever the patches below change, so neither an installed build nor a cached wheel made with
 # other patches is reused. The built package records it as horovod._hvdkeras_patches.
-PATCHES="no-xla-mpi-ops,gloo-process-set-iface,gloo-recv-before-send,gloo-controller-ranks"
-PATCH_TAG=p4
+PATCHES="no-xla-mpi-ops,gloo-process-set-iface,gloo-recv-before-send,gloo-controller-ranks,torch-not-built"
+PATCH_TAG=p5
 CACHE_DIR=${HVDKERAS_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/hvdkeras}
 
 die() { echo "install_horovod.sh: error: $*" >&2; exit 1; }
@@ -121,6 +121,10 @@ if [ -z "$wheel" ]; then
   # Gloo's alltoallv and allgatherv post each send before its receive, so two workers take turns on the link
   # instead of sending both ways at once (scripts/patch_gloo.py says why). Post the receives first.
   "$PY" "$(dirname "$0")/patch_gloo.py" "$src/third_party/gloo/gloo" || die "patching Gloo failed (above)"
+  # Built without PyTorch (below), horovod.torch still imports, so `horovodrun --check-build` would list
+  # "[X] PyTorch" wherever torch is installed (scripts/patch_torch_init.py says why). Make its import fail.
+  "$PY" "$(dirname "$0")/patch_torch_init.py" "$src/horovod/torch/__init__.py" \
+    || die "patching horovod/torch/__init__.py failed (above)"
   # TensorFlow 2.21 no longer exports the function Horovod's GPU ops get their CUDA stream from
   # (scripts/patch_gpu_stream.py says why); without this a CUDA build links but does not load.
   if [ "$GPU_TAG" != cpu ]; then

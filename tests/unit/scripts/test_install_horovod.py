@@ -58,7 +58,8 @@ def test_a_cuda_tensorflow_gets_nccl_from_its_wheel(tmp_path, cuda_home):
     assert f"HOROVOD_CUDA_HOME={cuda_home}" in lines and "HOROVOD_BUILD_CUDA_CC_LIST=60,70,80,89,90" in lines
     assert "GPU_TAG=nccl2.32.3" in lines and "HVDKERAS_HOROVOD_RPATH=$ORIGIN/../../nvidia/nccl/lib" in lines
     assert any(line.startswith("HOROVOD_NCCL_HOME=") for line in lines)
-    assert ("PATCHES=no-xla-mpi-ops,gloo-process-set-iface,gloo-recv-before-send,gloo-controller-ranks,tf-gpu-stream,"
+    assert ("PATCHES=no-xla-mpi-ops,gloo-process-set-iface,gloo-recv-before-send,gloo-controller-ranks,torch-not-built,"
+            "tf-gpu-stream,"
             "nccl-rpath") in lines
 
 
