@@ -38,8 +38,9 @@ model = cnn()
 model.compile(optimizer=hvd.DistributedOptimizer(keras.optimizers.Adam(lr)),
               loss="sparse_categorical_crossentropy", metrics=["accuracy"])
 checkpoint = os.path.join(args.out_dir, "digits-{epoch:02d}.keras")
+# shuffle=False: the shard above shuffles, anew each epoch (for a dataset Keras ignores `shuffle`, and warns if True).
 history = model.fit(
-    train, validation_data=val, epochs=args.epochs, verbose=2,
+    train, validation_data=val, epochs=args.epochs, verbose=2, shuffle=False,
     callbacks=[
         hvd.callbacks.BroadcastGlobalVariablesCallback(0),
         hvd.callbacks.MetricAverageCallback(),

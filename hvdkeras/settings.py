@@ -96,6 +96,10 @@ class Settings:
     # ---- checks
     check_models: bool = _setting(
         True, "bool", "compare the workers' models (names, shapes, dtypes, then values) before broadcasts")
+    # ---- output
+    tf_startup_log: bool = _setting(
+        False, "bool", "show TensorFlow's C++ start-up lines (absl's notice before InitializeLog, the oneDNN and "
+        "CPU-feature lines), which `hvdkeras run` and `make demo` leave out of the job's output")
 
 
 def horovod_stall_environ(stall: float, end_hangs: bool = False) -> dict[str, str]:

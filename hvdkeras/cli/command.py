@@ -31,6 +31,8 @@ class RunConfig:
     max_np: int | None = None
     host_discovery_script: str | None = None
     stall_timeout: float = 60.0
+    # Whether TensorFlow's C++ start-up lines pass through (HVDKERAS_TF_STARTUP_LOG); left out by default.
+    startup_log: bool = False
     # The ssh-less multi-node form (started once on every node); nnodes is None for horovodrun runs.
     nnodes: int | None = None
     node_rank: int = 0

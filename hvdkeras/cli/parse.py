@@ -168,18 +168,17 @@ def validate(ns: argparse.Namespace, *, which: Callable[[str], str | None] = shu
     for name in WRAP_FLAGS:
         if getattr(ns, name, None) is not None:
             settings.check_value(name, getattr(ns, name), error=UsageError, flag=True)
-    stall = ns.stall_timeout
-    if stall is None:
-        try:
-            stall = settings.read(os.environ).stall_timeout
-        except ValueError as err:
-            raise UsageError(str(err)) from None
+    try:
+        environ = settings.read(os.environ)
+    except ValueError as err:
+        raise UsageError(str(err)) from None
+    stall = environ.stall_timeout if ns.stall_timeout is None else ns.stall_timeout
     settings.check_value("stall_timeout", stall, error=UsageError, flag=True)
     if nodes is not None:
         return RunConfig(
             np=nodes["nnodes"] * nodes["nproc_per_node"], hosts="", script=ns.script, script_args=tuple(ns.script_args),
             forwarded=tuple(wrap_flags(ns)), controller="gloo", python=python, horovodrun="", stall_timeout=stall,
-            **nodes)
+            startup_log=environ.tf_startup_log, **nodes)
     horovodrun = find_horovodrun(which, python)
     if horovodrun is None:
         raise UsageError("horovodrun was not found beside this Python or on PATH; install Horovod (make install)")
@@ -187,6 +186,7 @@ def validate(ns: argparse.Namespace, *, which: Callable[[str], str | None] = shu
         np=ns.np, hosts=hosts, script=ns.script, script_args=tuple(ns.script_args), forwarded=tuple(wrap_flags(ns)),
         controller=ns.controller or "gloo", python=python, horovodrun=horovodrun,
         min_np=ns.min_np, max_np=ns.max_np, host_discovery_script=ns.host_discovery_script, stall_timeout=stall,
+        startup_log=environ.tf_startup_log,
     )
 
 
@@ -232,11 +232,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"hvdkeras run: error: {err}", file=sys.stderr)
         return EXIT_USAGE
     if config.nnodes is not None:
-        return supervise(build_node_workers(config))
+        return supervise(build_node_workers(config), startup_log=config.startup_log)
     cmd, extra_env = build_command(config)
     env = dict(os.environ, **extra_env)
     # In elastic runs horovodrun numbers processes by slot, not by rank: do not name ranks from its output.
-    return stream(cmd, env, name_failed_rank=config.host_discovery_script is None)
+    return stream(cmd, env, name_failed_rank=config.host_discovery_script is None, startup_log=config.startup_log)
 
 
 if __name__ == "__main__":

@@ -26,6 +26,7 @@ import threading
 import time
 
 from hvdkeras import settings
+from hvdkeras.cli.startup_log import startup_line
 from hvdkeras.failures import RECORD_MARKER, FailureReport, format_report
 
 _FAILED = re.compile(rb"^Process (\d+) exit with status code (-?\d+)")
@@ -106,10 +107,11 @@ class StallWatch:
         self._thread.join(timeout=5)
 
 
-def stream(cmd: list[str], env: dict, name_failed_rank: bool = True) -> int:
-    """Runs horovodrun, passing its rank-prefixed output through; on failure prints the root cause (the rank that
-    failed first, with its real exit code or signal, host, pid and the end of its traceback, from the error
-    record each worker writes) and the other failures."""
+def stream(cmd: list[str], env: dict, name_failed_rank: bool = True, startup_log: bool = False) -> int:
+    """Runs horovodrun, passing its rank-prefixed output through (without TensorFlow's C++ start-up lines unless
+    `startup_log`: hvdkeras.cli.startup_log); on failure prints the root cause (the rank that failed first, with
+    its real exit code or signal, host, pid and the end of its traceback, from the error record each worker
+    writes) and the other failures."""
     env = dict(env)
     error_dir = None
     if not env.get(settings.variable("error_dir")):
@@ -121,7 +123,7 @@ def stream(cmd: list[str], env: dict, name_failed_rank: bool = True) -> int:
     out = sys.stdout.buffer
     try:
         for line in iter(proc.stdout.readline, b""):
-            if feed(report, line):
+            if feed(report, line) and (startup_log or not startup_line(line)):
                 out.write(line)
                 out.flush()
         code = proc.wait()
@@ -153,8 +155,9 @@ def _seconds(text: str | None) -> float | None:
         return None
 
 
-def supervise(workers: list[tuple[list[str], dict[str, str]]], grace: float = 5.0) -> int:
-    """Runs this node's workers with rank-prefixed output, as horovodrun prints it; returns the job's exit code.
+def supervise(workers: list[tuple[list[str], dict[str, str]]], grace: float = 5.0, startup_log: bool = False) -> int:
+    """Runs this node's workers with rank-prefixed output, as horovodrun prints it (without TensorFlow's C++
+    start-up lines unless `startup_log`); returns the job's exit code.
 
     When a worker fails, the others on this node are stopped (SIGTERM, then SIGKILL after `grace` seconds)
     and the rank that failed first is named; the other nodes' workers fail on their own when their
@@ -172,7 +175,7 @@ def supervise(workers: list[tuple[list[str], dict[str, str]]], grace: float = 5.
         prefix = f"[{rank}]<{stream_name}>:".encode()
         for line in iter(pipe.readline, b""):
             with lock:
-                if feed(report, prefix + line):
+                if feed(report, prefix + line) and (startup_log or not startup_line(line)):
                     out.write(prefix + line)
                     out.flush()
 

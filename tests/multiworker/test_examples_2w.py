@@ -15,16 +15,34 @@ def hvdrun(script, *args):
             str(EXAMPLES / script), *args]
 
 
-def test_keras_digits_demo_configuration_reaches_095(tmp_path):
+def make_demo(tmp_path, *demo_args, env=None):
+    """`make demo` itself (its install step taken as done), with DEMO_ARGS."""
+    return run_command(["make", "--no-print-directory", "-s", "-C", str(REPO), "-o", "install", "demo",
+                        "DEMO_ARGS=" + " ".join(demo_args)], tmp_path, timeout=300, env=env)
+
+
+def test_make_demo_reaches_095_and_prints_keras_not_tensorflows_startup_lines(tmp_path):
     history = tmp_path / "history.json"
-    job = run_command(hvdrun("keras_digits.py", "--out-dir", str(tmp_path / "out"), "--history-out", str(history)),
-                      tmp_path, timeout=300)
+    job = make_demo(tmp_path, "--out-dir", str(tmp_path / "out"), "--history-out", str(history))
     if job.returncode != 0:
-        job.fail("keras_digits.py failed")
+        job.fail("make demo failed")
     assert json.loads(history.read_text())["val_accuracy"][-1] >= 0.95
     final = [line for line in job.output.splitlines() if "validation accuracy" in line]
     assert len(final) == 1 and final[0].startswith("[0]<stdout>:") and "digits-12.keras" in final[0]
     assert (tmp_path / "out" / "digits-12.keras").exists()
+    # Keras's progress, and none of TensorFlow's C++ start-up lines nor Keras's shuffle warning.
+    assert "Epoch 12/12" in job.output and "val_accuracy" in job.output, job.output
+    for noise in ("absl::InitializeLog", "port.cc", "oneDNN", "cpu_feature_guard", "shuffle=True"):
+        assert noise not in job.output, job.output
+    # HVDKERAS_TF_STARTUP_LOG=1 brings the start-up lines back, from both workers.
+    job = make_demo(tmp_path, "--epochs", "1", "--steps", "2", "--out-dir", str(tmp_path / "again"),
+                    env={"HVDKERAS_TF_STARTUP_LOG": "1"})
+    if job.returncode != 0:
+        job.fail("make demo HVDKERAS_TF_STARTUP_LOG=1 failed")
+    for rank in (0, 1):
+        assert f"[{rank}]<stderr>:WARNING: All log messages before absl::InitializeLog()" in job.output, job.output
+        assert any(line.startswith(f"[{rank}]<stderr>:I") and "oneDNN custom operations are on" in line
+                   for line in job.output.splitlines()), job.output
 
 
 @pytest.mark.parametrize(

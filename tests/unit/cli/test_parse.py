@@ -90,9 +90,24 @@ def test_bad_stall_timeout_from_the_environment(monkeypatch, raw):
         config("-np", "2", "t.py")
 
 
+@pytest.mark.parametrize("value, kept", [(None, False), ("0", False), ("1", True), ("on", True)])
+def test_tensorflows_startup_lines_are_left_out_unless_the_variable_says(monkeypatch, value, kept):
+    if value is None:
+        monkeypatch.delenv("HVDKERAS_TF_STARTUP_LOG", raising=False)
+    else:
+        monkeypatch.setenv("HVDKERAS_TF_STARTUP_LOG", value)
+    assert config("-np", "2", "t.py").startup_log is kept
+    assert config("--nnodes", "1", "t.py").startup_log is kept
+    monkeypatch.setenv("HVDKERAS_TF_STARTUP_LOG", "loud")
+    with pytest.raises(cli.UsageError, match="HVDKERAS_TF_STARTUP_LOG must be one of 1/0/true/false/yes/no/on/off. "
+                                             "Received: HVDKERAS_TF_STARTUP_LOG='loud'"):
+        config("-np", "2", "t.py")
+
+
 def test_the_hvdkeras_command_starts_without_tensorflow():
 
     code = ("import sys, hvdkeras, hvdkeras.cli.parse, hvdkeras.cli.command, hvdkeras.cli.supervise\n"
+            "import hvdkeras.cli.startup_log\n"
             "import hvdkeras.job.launchers\n"
             "hvdkeras.cli.parse.build_parser()\n"
             "print(sorted(m for m in ('tensorflow', 'keras', 'horovod') if m in sys.modules))")
