@@ -8,7 +8,6 @@ iteration count, and the wrapper's properties read them there.
 
 from __future__ import annotations
 
-import dataclasses
 import inspect
 import logging
 from typing import Any
@@ -87,23 +86,6 @@ def _inner(name: str) -> property:
     return property(get, set_, doc=f"The inner optimizer's `{name}`.")
 
 
-def _inner_hyperparameters() -> tuple[str, ...]:
-    """The hyperparameters of Keras's own optimizers (momentum, beta_1, rho, ...): the constructor parameters
-    of each keras.optimizers class beyond the base optimizer's, which the wrapper reads on its inner one."""
-    from keras.src.optimizers.base_optimizer import BaseOptimizer
-
-    own = set(inspect.signature(BaseOptimizer.__init__).parameters)
-    own |= set(inspect.signature(LossScaleOptimizer.__init__).parameters) | {"optimizer_map"}
-    names: set[str] = set()
-    for value in vars(keras.optimizers).values():
-        if isinstance(value, type) and issubclass(value, keras.optimizers.Optimizer):
-            names |= set(inspect.signature(value.__init__).parameters) - own
-    return tuple(sorted(names))
-
-
-INNER_HYPERPARAMETERS = _inner_hyperparameters()
-
-
 @keras.saving.register_keras_serializable(package="hvdkeras")
 class DistributedOptimizer(keras.optimizers.Optimizer, metaclass=_Factory):
     """Wraps a Keras 3 optimizer so gradients are averaged across all workers before every update.
@@ -166,6 +148,55 @@ class DistributedOptimizer(keras.optimizers.Optimizer, metaclass=_Factory):
         >>> opt = hvdkeras.DistributedOptimizer(keras.optimizers.Adam(hvdkeras.scale_learning_rate(1e-3)))
         >>> model.compile(optimizer=opt, loss="sparse_categorical_crossentropy")
     """
+
+    # The options it was made with, read-only: each is the field of `options` (a ReductionOptions) of that name.
+    compression = _option("compression")
+    sparse_as_dense = _option("sparse_as_dense")
+    gradient_predivide_factor = _option("gradient_predivide_factor")
+    op = _option("op")
+    backward_passes_per_step = _option("backward_passes_per_step")
+    average_aggregated_gradients = _option("average_aggregated_gradients")
+    groups = _option("groups")
+    device_dense = _option("device_dense")
+    device_sparse = _option("device_sparse")
+    process_set = _option("process_set")
+    scale_local_gradients = _option("scale_local_gradients")
+    bucket_bytes = _option("bucket_bytes")
+    shard_optimizer_state = _option("shard_optimizer_state")
+    # The hyperparameters of Keras's own optimizers, read and set on the optimizer passed in (an SGD's
+    # `momentum`, an Adam's `beta_1`, ...). tests/unit/test_optimizer.py checks that they cover every
+    # keras.optimizers class and hide nothing the base optimizer has.
+    adam_beta_1 = _inner("adam_beta_1")
+    adam_beta_2 = _inner("adam_beta_2")
+    adam_lr_ratio = _inner("adam_lr_ratio")
+    adam_weight_decay = _inner("adam_weight_decay")
+    amsgrad = _inner("amsgrad")
+    beta = _inner("beta")
+    beta_1 = _inner("beta_1")
+    beta_2 = _inner("beta_2")
+    beta_2_decay = _inner("beta_2_decay")
+    centered = _inner("centered")
+    clip_threshold = _inner("clip_threshold")
+    epsilon = _inner("epsilon")
+    epsilon_1 = _inner("epsilon_1")
+    epsilon_2 = _inner("epsilon_2")
+    exclude_embeddings = _inner("exclude_embeddings")
+    exclude_layers = _inner("exclude_layers")
+    initial_accumulator_value = _inner("initial_accumulator_value")
+    l1_regularization_strength = _inner("l1_regularization_strength")
+    l2_regularization_strength = _inner("l2_regularization_strength")
+    l2_shrinkage_regularization_strength = _inner("l2_shrinkage_regularization_strength")
+    learning_rate_power = _inner("learning_rate_power")
+    momentum = _inner("momentum")
+    muon_a = _inner("muon_a")
+    muon_b = _inner("muon_b")
+    muon_c = _inner("muon_c")
+    nesterov = _inner("nesterov")
+    ns_steps = _inner("ns_steps")
+    relative_step = _inner("relative_step")
+    rho = _inner("rho")
+    rms_rate = _inner("rms_rate")
+    warmup_steps = _inner("warmup_steps")
 
     def __init__(
         self,
@@ -505,14 +536,6 @@ class DistributedOptimizer(keras.optimizers.Optimizer, metaclass=_Factory):
         return cls(inner, **config)
 
 
-# Each ReductionOptions field (compression, op, bucket_bytes, ...) read-only on the optimizer, and momentum, beta_1,
-# rho, ... read (and set) on the optimizer the user passed in.
-for _name, _property in [*((f.name, _option(f.name)) for f in dataclasses.fields(ReductionOptions)),
-                         *((n, _inner(n)) for n in INNER_HYPERPARAMETERS)]:
-    if hasattr(DistributedOptimizer, _name):
-        raise RuntimeError(f"{_name!r} would hide an attribute DistributedOptimizer already has")
-    setattr(DistributedOptimizer, _name, _property)
-del _name, _property
 
 # What help() and inspect show for `DistributedOptimizer(...)`: the constructor's parameters, not the factory's.
 _init = inspect.signature(DistributedOptimizer.__init__)

@@ -68,6 +68,53 @@ def test_delegates_learning_rate_iterations_and_hyperparameters(hvd):
     assert all(any(v is w for w in opt.variables) for v in inner.variables)
 
 
+def _keras_hyperparameters() -> set:
+    """The constructor parameters of every keras.optimizers class beyond the base optimizer's (and
+    LossScaleOptimizer's), the hyperparameters a DistributedOptimizer reads on its inner optimizer."""
+    import inspect
+
+    from keras.src.optimizers.base_optimizer import BaseOptimizer
+
+    def named(cls):
+        return {name for name, p in inspect.signature(cls.__init__).parameters.items()
+                if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)}
+
+    own = named(BaseOptimizer) | named(keras.optimizers.LossScaleOptimizer) | {"optimizer_map"}
+    names = set()
+    for value in vars(keras.optimizers).values():
+        if isinstance(value, type) and issubclass(value, keras.optimizers.Optimizer):
+            names |= named(value) - own
+    return names
+
+
+def test_every_keras_hyperparameter_and_option_is_a_property_written_in_the_class():
+    """The properties are written out in the class body (found by go-to-definition, nothing computed or raised at
+    import). A Keras release with a new hyperparameter fails here, not in a user's import."""
+    import dataclasses
+
+    from hvdkeras.reduction import ReductionOptions
+
+    body = vars(DistributedOptimizer)
+    hyper = _keras_hyperparameters()
+    assert "momentum" in hyper and "beta_1" in hyper and "rho" in hyper  # the scan itself works
+    missing = sorted(n for n in hyper if not isinstance(body.get(n), property))
+    assert not missing, f"keras.optimizers hyperparameters with no property on DistributedOptimizer: {missing}"
+    options = [f.name for f in dataclasses.fields(ReductionOptions)]
+    assert all(isinstance(body.get(n), property) for n in options)
+    # None of them hides what Keras's optimizers (or a LossScaleOptimizer) have of their own.
+    mine = [n for n, v in body.items() if isinstance(v, property) and n in hyper | set(options)]
+    for base in (keras.optimizers.Optimizer, keras.optimizers.LossScaleOptimizer):
+        assert not [n for n in mine if hasattr(base, n)], base
+    # Each option reads the optimizer's options; each hyperparameter reads and sets the inner optimizer's.
+    opt = DistributedOptimizer(keras.optimizers.Adam(beta_1=0.8), bucket_bytes=1024)
+    assert opt.bucket_bytes == 1024 == opt.options.bucket_bytes and opt.op == opt.options.op
+    with pytest.raises(AttributeError):
+        opt.bucket_bytes = 1
+    assert opt.beta_1 == 0.8
+    opt.beta_1 = 0.7
+    assert opt.inner_optimizer.beta_1 == 0.7
+
+
 def test_schedules_run_on_the_inner_iterations(hvd):
     schedule = keras.optimizers.schedules.ExponentialDecay(0.1, decay_steps=1, decay_rate=0.5)
     opt = DistributedOptimizer(keras.optimizers.SGD(schedule))
