@@ -191,9 +191,10 @@ def device_stand_in(keras, model_name, rank, saved=None):
 
 def first_bucket(variables) -> list[int]:
     """The indices of the variables in the first bucket hvdkeras's DistributedOptimizer reduces by default."""
-    from hvdkeras import reduction
+    from hvdkeras.reduce.groups import gradient_buckets
+    from hvdkeras.reduce.options import default_bucket_bytes
 
-    return reduction.gradient_buckets(range(len(variables)), variables, reduction.default_bucket_bytes())[0]
+    return gradient_buckets(range(len(variables)), variables, default_bucket_bytes())[0]
 
 
 def keras3_runners(model_name, rank, sweep, compute="cpu", calibration_file=None):

@@ -40,24 +40,24 @@ import keras  # noqa: E402
 
 import hvdkeras as hvd  # noqa: E402
 from hvdkeras import _collectives as C  # noqa: E402
-from hvdkeras import reduction  # noqa: E402
-from hvdkeras.optimizer import DistributedOptimizer  # noqa: E402
+from hvdkeras.reduce import AllreduceReducer  # noqa: E402
+from hvdkeras.reduce.groups import dense_groups  # noqa: E402
 
 hvd.init()
 rank = hvd.rank()
 # The graph names of the ops that produce each bucket's gradients, recorded when the train step is traced.
 BUCKET_OPS: dict[str, list[str]] = {}
-reduce_gradients = DistributedOptimizer.reduce_gradients
+reduce = AllreduceReducer.reduce
 
 
-def traced_reduce_gradients(self, grads, variables):
+def traced_reduce(self, grads, variables, name="hvdkeras.gradients"):
     dense = [i for i, g in enumerate(grads) if g is not None]
-    for k, group in enumerate(reduction.dense_groups(dense, variables, self.options)):
-        BUCKET_OPS[f"hvdkeras.gradients.{k}"] = [grads[i].op.name for i in group]
-    return reduce_gradients(self, grads, variables)
+    for k, group in enumerate(dense_groups(dense, variables, self.options)):
+        BUCKET_OPS[f"{name}.{k}"] = [grads[i].op.name for i in group]
+    return reduce(self, grads, variables, name=name)
 
 
-DistributedOptimizer.reduce_gradients = traced_reduce_gradients
+AllreduceReducer.reduce = traced_reduce
 model = conv_model(keras)
 model.compile(optimizer=hvd.DistributedOptimizer(keras.optimizers.SGD(0.001)),
               loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True), jit_compile=False)

@@ -6,7 +6,7 @@ model per worker. Installed as the patch "loops" (part of `wrap.install`), this 
 `apply` data-parallel at the outermost optimizer:
 
 - the gradients are all-reduced (averaged) across the workers before the update, through the same
-  `reduction.reduce_gradients` as DistributedOptimizer, so a LossScaleOptimizer's finiteness check, gradient
+  the allreduce reducer as DistributedOptimizer, so a LossScaleOptimizer's finiteness check, gradient
   clipping and weight decay all see the reduced gradients and every rank skips an overflowing step together;
   an optimizer inside it (a LossScaleOptimizer's, a DistributedOptimizer's) is left alone, and gradients a
   DistributedGradientTape already reduced are not reduced again;
@@ -51,8 +51,10 @@ from keras.src.optimizers.base_optimizer import BaseOptimizer
 from tensorflow.python.eager.polymorphic_function.polymorphic_function import UnliftedInitializerVariable
 
 from hvdkeras import _collectives as C
-from hvdkeras import collectives, data, metric_states, patches, rank_zero, reduction, script_writes, strategy_loops
-from hvdkeras.reduction import ReductionOptions
+from hvdkeras import collectives, data, metric_states, patches, rank_zero, script_writes, strategy_loops
+from hvdkeras.reduce import AllreduceReducer
+from hvdkeras.reduce.context import in_xla_context, inside_reduction, is_reduced, mark_reduced, reducing
+from hvdkeras.reduce.options import ReductionOptions
 from hvdkeras.variables import NamesByIdentity, tf_variable, var_id
 
 log = logging.getLogger("hvdkeras")
@@ -162,7 +164,7 @@ def _clipping_gradients(flat: list, caller: Any) -> bool:
     reduced already (by a DistributedGradientTape)."""
     return (_state["split_any"] and not _state["explicit"] and patches.installed(PATCH) and C.is_initialized()
             and C.size() > 1 and bool(flat) and script_writes.from_script(caller)
-            and all(_gradients.get(id(t)) is t for t in flat) and not all(reduction.is_reduced(t) for t in flat))
+            and all(_gradients.get(id(t)) is t for t in flat) and not all(is_reduced(t) for t in flat))
 
 
 # In each traced step (its graph, while it lives): how many times each place clipped in it.
@@ -184,7 +186,7 @@ def _clip_name(caller: Any) -> str:
 
 
 def _reduce_for_clip(flat: list, caller: Any) -> list:
-    return reduction.reduce_gradients(flat, flat, _options(), name=_clip_name(caller))
+    return AllreduceReducer(_options()).reduce(flat, flat, name=_clip_name(caller)).grads
 
 
 CLIPPED_BEFORE = (
@@ -203,7 +205,7 @@ def _clip_exact(tf_clip_by_global_norm):
     def clip_by_global_norm(t_list, clip_norm, use_norm=None, name=None):
         caller = sys._getframe(1)
         flat = [t for t in t_list if t is not None] if isinstance(t_list, (list, tuple)) else []
-        if not _clipping_gradients(flat, caller) or reduction.in_xla_context():
+        if not _clipping_gradients(flat, caller) or in_xla_context():
             return tf_clip_by_global_norm(t_list, clip_norm, use_norm=use_norm, name=name)
         if use_norm is not None:
             if "clip" not in _state["warned"]:
@@ -214,7 +216,7 @@ def _clip_exact(tf_clip_by_global_norm):
         reduced = iter(_reduce_for_clip(flat, caller))
         t_list = [None if t is None else next(reduced) for t in t_list]
         clipped, norm = tf_clip_by_global_norm(t_list, clip_norm, name=name)
-        reduction.mark_reduced(clipped)
+        mark_reduced(clipped)
         return clipped, norm
 
     clip_by_global_norm.__wrapped__ = tf_clip_by_global_norm
@@ -227,10 +229,10 @@ def _clip_norm_exact(tf_clip_by_norm):
     _clip_exact)."""
     def clip_by_norm(t, clip_norm, axes=None, name=None):
         caller = sys._getframe(1)
-        if t is None or not _clipping_gradients([t], caller) or reduction.in_xla_context():
+        if t is None or not _clipping_gradients([t], caller) or in_xla_context():
             return tf_clip_by_norm(t, clip_norm, axes=axes, name=name)
         clipped = tf_clip_by_norm(_reduce_for_clip([t], caller)[0], clip_norm, axes=axes, name=name)
-        reduction.mark_reduced([clipped])
+        mark_reduced([clipped])
         return clipped
 
     clip_by_norm.__wrapped__ = tf_clip_by_norm
@@ -273,26 +275,26 @@ def _global_result(metric_result):
 
 def _data_parallel(keras_apply):
     def apply(optimizer, grads, trainable_variables=None):
-        if reduction.inside_reduction() or not C.is_initialized() or C.size() == 1:
+        if inside_reduction() or not C.is_initialized() or C.size() == 1:
             return keras_apply(optimizer, grads, trainable_variables)
         grads = list(grads)
         if not grads:
             return keras_apply(optimizer, grads, trainable_variables)
-        if reduction.in_xla_context():
+        if in_xla_context():
             raise RuntimeError(
                 "The script applies gradients with a Keras optimizer inside tf.function(jit_compile=True), and "
                 "hvdkeras must average them across the workers there with Horovod's collectives, which XLA "
                 "cannot compile. Compile only the gradient computation (return the gradients from the "
                 "jit_compile=True function and call optimizer.apply_gradients outside it), or use "
                 "tf.function(jit_compile=False) for the step.")
-        with reduction.reducing():
+        with reducing():
             variables = list(trainable_variables) if trainable_variables is not None else None
             if variables is None and optimizer.built:
                 variables = list(optimizer._trainable_variables)
             if variables is None:  # Keras's own error: an unbuilt optimizer needs the variables
                 return keras_apply(optimizer, grads, trainable_variables)
             _sync_before_first_update(optimizer, variables)
-            reduced = reduction.reduce_gradients(grads, variables, _options(), name=_name_for(optimizer))
+            reduced = AllreduceReducer(_options()).reduce(grads, variables, name=_name_for(optimizer)).grads
             return keras_apply(optimizer, reduced, trainable_variables)
 
     apply.__wrapped__ = keras_apply

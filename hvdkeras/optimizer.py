@@ -1,7 +1,8 @@
 """DistributedOptimizer: a Keras 3 optimizer that all-reduces gradients before the inner optimizer applies them.
 
 Keras 3's TensorFlow train step runs `tape.gradient -> optimizer.apply_gradients -> optimizer.apply`, so the
-reduction happens in `apply` (hvdkeras.reduction does it). The wrapper holds the inner optimizer the way
+reduction happens in `apply`: accumulate, reduce (its reducer, hvdkeras.reduce), the inner optimizer's update,
+after-apply. The wrapper holds the inner optimizer the way
 Keras's own LossScaleOptimizer does: the inner optimizer owns the slots, learning rate, schedule and
 iteration count, and the wrapper's properties read them there.
 """
@@ -19,10 +20,14 @@ from keras.optimizers import LossScaleOptimizer
 
 from hvdkeras import _collectives as C
 from hvdkeras import compression as _compression
-from hvdkeras import patches, rank_zero, reduction, sharding
+from hvdkeras import patches, rank_zero, sharding
 from hvdkeras._checks import check_number
 from hvdkeras.learning_rate import as_float
-from hvdkeras.reduction import ReductionOptions
+from hvdkeras.reduce import BUILT_IN, Reducer, make_reducer
+from hvdkeras.reduce.allreduce import reduce_gradients
+from hvdkeras.reduce.context import in_xla_context, reducing
+from hvdkeras.reduce.options import OPS_BY_NAME, ReductionOptions
+from hvdkeras.reduce.reduce_scatter import all_gather_variables
 from hvdkeras.strategy import check_strategy
 from hvdkeras.variables import VariableList, var_id
 
@@ -86,6 +91,27 @@ def _inner(name: str) -> property:
     return property(get, set_, doc=f"The inner optimizer's `{name}`.")
 
 
+def _check_reducer(reducer: Any, shard_optimizer_state: bool) -> bool:
+    """Whether the state is sharded, from `reducer` and its shorthand `shard_optimizer_state`.
+
+    Raises:
+        TypeError: `reducer` is neither a built-in's name nor a Reducer.
+        ValueError: both given, naming different reducers.
+    """
+    if reducer is None or isinstance(reducer, Reducer):
+        if isinstance(reducer, Reducer) and shard_optimizer_state:
+            raise ValueError("Pass `reducer` or `shard_optimizer_state=True` (the reduce-scatter reducer), not both. "
+                             f"Received: reducer={reducer!r}, shard_optimizer_state=True")
+        return bool(shard_optimizer_state)
+    if not isinstance(reducer, str) or reducer not in BUILT_IN:
+        raise TypeError(f"`reducer` must be one of {', '.join(map(repr, BUILT_IN))} or an hvdkeras.reduce.Reducer. "
+                        f"Received: reducer={reducer!r}")
+    if reducer == "allreduce" and shard_optimizer_state:
+        raise ValueError("`shard_optimizer_state=True` is the reduce-scatter reducer, and `reducer` names the "
+                         "allreduce. Received: reducer='allreduce', shard_optimizer_state=True")
+    return reducer == "reduce_scatter"
+
+
 @keras.saving.register_keras_serializable(package="hvdkeras")
 class DistributedOptimizer(keras.optimizers.Optimizer, metaclass=_Factory):
     """Wraps a Keras 3 optimizer so gradients are averaged across all workers before every update.
@@ -136,7 +162,11 @@ class DistributedOptimizer(keras.optimizers.Optimizer, metaclass=_Factory):
             each variable's slots live on one worker only, its reduced gradient reaches that worker only,
             and each owner's updated variables are all-gathered into every worker's weights before the next
             step. Training is the same training; `variables` holds this worker's part, and saving gathers
-            the whole state (every worker must take part: see docs/sharding.md).
+            the whole state (every worker must take part: see docs/sharding.md). The shorthand for
+            `reducer="reduce_scatter"`.
+        reducer: keyword only. How the gradients are reduced (hvdkeras.reduce): "allreduce" (the default),
+            "reduce_scatter" (as `shard_optimizer_state=True`), or an `hvdkeras.reduce.Reducer` instance. A
+            Reducer instance is not saved with the optimizer's config.
 
     The parameters up to `scale_local_gradients` are Horovod's, in Horovod's order and with its defaults.
 
@@ -217,9 +247,11 @@ class DistributedOptimizer(keras.optimizers.Optimizer, metaclass=_Factory):
         bucket_bytes: int | None = None,
         *,
         shard_optimizer_state: bool = False,
+        reducer: Reducer | str | None = None,
     ):
         _check_inner(optimizer)
         check_strategy()
+        shard_optimizer_state = _check_reducer(reducer, shard_optimizer_state)
         options = ReductionOptions.from_horovod(
             num_groups=num_groups, groups=groups, device_dense=device_dense, device_sparse=device_sparse,
             compression=compression, sparse_as_dense=sparse_as_dense,
@@ -241,7 +273,8 @@ class DistributedOptimizer(keras.optimizers.Optimizer, metaclass=_Factory):
         self._local_layers: list = []
         self._accumulators: list = []
         self._pass_counter = None
-        self._shard = None  # with shard_optimizer_state: who owns which variable, set by build
+        # How the gradients are reduced; with shard_optimizer_state its `shard` says who owns which variable.
+        self._reducer = reducer if isinstance(reducer, Reducer) else make_reducer(options, self._local_set)
         self._layout = None  # the unsharded optimizer's variable order, found when first saved or loaded
         self._gathered = None  # the full state gathered by consolidate_state, until the next save
         self._loaded = None  # the full state rank 0 alone loaded, until share_loaded_state
@@ -309,6 +342,16 @@ class DistributedOptimizer(keras.optimizers.Optimizer, metaclass=_Factory):
     def scale_loss(self, loss):
         return self.inner_optimizer.scale_loss(loss)
 
+    @property
+    def reducer(self) -> Reducer:
+        """How the gradients are reduced (an `hvdkeras.reduce.Reducer`)."""
+        return self._reducer
+
+    @property
+    def _shard(self):
+        # Who owns which variable's state: the reducer's shard, None where every worker updates every variable.
+        return self._reducer.shard
+
     # ----------------------------------------------------------------------------------- sharded state
     @property
     def sharded(self) -> bool:
@@ -347,7 +390,7 @@ class DistributedOptimizer(keras.optimizers.Optimizer, metaclass=_Factory):
             return
         var_list = list(var_list)
         self.inner_optimizer.finalize_variable_values([v for v in var_list if self._shard.owns(v)])
-        sharding.all_gather_variables(var_list, self._shard, self.options)
+        all_gather_variables(var_list, self._shard, self.options)
 
     def exclude_from_weight_decay(self, var_list=None, var_names=None):
         self.inner_optimizer.exclude_from_weight_decay(var_list=var_list, var_names=var_names)
@@ -376,17 +419,13 @@ class DistributedOptimizer(keras.optimizers.Optimizer, metaclass=_Factory):
             self._accumulators = [
                 self.add_variable_from_reference(v, name="gradient_accumulator") for v in var_list
             ]
-        if self.shard_optimizer_state:
-            self._build_sharded(var_list)
+        self._reducer.build(var_list)
+        if self._shard is not None:
+            self._build_sharded()
         elif not self.inner_optimizer.built:  # e.g. restored by load_model, then wrapped
-            self.inner_optimizer.build(var_list)
+            self.inner_optimizer.build(self._reducer.updated(var_list))
         # The base optimizer's build, named, as in __init__: not LossScaleOptimizer.build for the loss-scale variant.
         keras.optimizers.Optimizer.build(self, var_list)
-
-    def _make_shard(self, var_list):
-        size = C.size() if C.is_initialized() else 1
-        rank = C.rank() if C.is_initialized() else 0
-        return sharding.Shard.make(var_list, self.options, self._local_ids(), rank, size)
 
     def reshard(self, values: Any = None, root_rank: int = 0) -> None:
         """Re-shards the state over the workers there are now (after an elastic resize), taking the slots from
@@ -395,20 +434,19 @@ class DistributedOptimizer(keras.optimizers.Optimizer, metaclass=_Factory):
         if self._shard is None:
             return
         with tf.init_scope():
-            self._shard = self._make_shard(self._shard.variables)
+            self._reducer.build(self._shard.variables)
             self.inner_optimizer = sharding.rebuilt(self.inner_optimizer, self._shard)
             sharding.install_cross_worker_rules(self.inner_optimizer, self._shard, self.options)
             sharding.broadcast_state(self.inner_optimizer, self._state_layout(), self._shard, values, root_rank,
                                      slots_only=True)
 
-    def _build_sharded(self, var_list):
-        self._shard = self._make_shard(var_list)
+    def _build_sharded(self):
         # Keras may build inside the traced train step; the state's layout is read from eager copies.
         with tf.init_scope():
             if self.inner_optimizer.built:  # restored in full (load_model), then wrapped: keep this worker's part
                 self.inner_optimizer = sharding.reshard(self.inner_optimizer, self._shard)
             else:
-                self.inner_optimizer.build(self._shard.owned())
+                self.inner_optimizer.build(self._reducer.updated(self._shard.variables))
             sharding.install_cross_worker_rules(self.inner_optimizer, self._shard, self.options)
             self._state_layout()  # an optimizer that cannot be sharded says so now, not at the first save
 
@@ -437,7 +475,7 @@ class DistributedOptimizer(keras.optimizers.Optimizer, metaclass=_Factory):
                 f"Received: {len(grads)} gradients for {len(trainable_variables)} variables"
             )
         check_strategy()
-        if reduction.in_xla_context():
+        if in_xla_context():
             raise RuntimeError(
                 "Horovod's collectives cannot be compiled by XLA, and this optimizer is being traced inside "
                 "an XLA-compiled function. Pass an hvdkeras callback (BroadcastGlobalVariablesCallback, "
@@ -446,7 +484,7 @@ class DistributedOptimizer(keras.optimizers.Optimizer, metaclass=_Factory):
                 "with jit_compile=False, or keep DistributedOptimizer.apply outside "
                 "tf.function(jit_compile=True)."
             )
-        with reduction.reducing():
+        with reducing():
             if self.backward_passes_per_step == 1:
                 self._reduce_and_apply(grads, trainable_variables)
             else:
@@ -478,26 +516,12 @@ class DistributedOptimizer(keras.optimizers.Optimizer, metaclass=_Factory):
         )
 
     def _reduce_and_apply(self, grads, trainable_variables):
-        if self._shard is None or self._shard.size == 1:  # one worker owns everything: nothing to scatter
-            self._update(self.reduce_gradients(grads, trainable_variables), trainable_variables)
-            return
-        reduced, unused = sharding.reduce_scatter_gradients(grads, trainable_variables, self._shard, self.options,
-                                                            self._local_set())
-        owned = [(g, v) for g, v in zip(reduced, trainable_variables) if self._shard.owns(v)]
-        if unwrap(self).global_clipnorm and all(g is None for g, _ in owned):
-            # Keras clips only where there are gradients; the other workers would wait for this one's norm.
-            raise ValueError(
-                "shard_optimizer_state=True with `global_clipnorm`: none of the variables this worker owns has a "
-                f"gradient in this step, so it cannot add its part of the norm. Received: {len(owned)} owned "
-                "variables, all without gradients. Leave them out of the trainable variables or do not shard.")
-        self.inner_optimizer.apply([g for g, _ in owned], [v for _, v in owned])
-        # Empty slices of the received gradients and of the collectives' unused results ride along in the
-        # allgathers: a data dependency that makes each allgather wait for this worker's gradients (one whose
-        # part of a bucket is empty would otherwise be sent at the start of the step, and wait there holding
-        # the other workers), and keeps the unused results from being pruned.
-        received = [g.values if isinstance(g, tf.IndexedSlices) else g for g, _ in owned if g is not None]
-        sharding.all_gather_variables([v for g, v in zip(grads, trainable_variables) if g is not None],
-                                      self._shard, self.options, after=unused + received[:1])
+        """Reduce, the inner optimizer's update of what the reducer returned, after-apply: the same for every
+        reducer."""
+        reduced = self._reducer.reduce(grads, trainable_variables)
+        sharding.check_update_gradients(self.inner_optimizer, reduced.grads)
+        self._update(reduced.grads, reduced.variables)
+        self._reducer.after_apply(reduced)
 
     def _update(self, grads: list, variables: list) -> None:
         """The inner optimizer's update of the reduced gradients: compiled with XLA when `xla_update` is on
@@ -515,7 +539,7 @@ class DistributedOptimizer(keras.optimizers.Optimizer, metaclass=_Factory):
 
     def reduce_gradients(self, grads: Any, variables: Any) -> list:
         """All-reduces a list of gradients (None entries pass through) and returns the reduced list."""
-        return reduction.reduce_gradients(grads, variables, self.options, self._local_set())
+        return reduce_gradients(grads, variables, self.options, self._local_set())
 
     def _local_set(self) -> set[int] | frozenset[int]:
         return self._local_ids() if (self._local_vars or self._local_layers) else frozenset()
@@ -532,7 +556,7 @@ class DistributedOptimizer(keras.optimizers.Optimizer, metaclass=_Factory):
         config = dict(config)
         inner = keras.saving.deserialize_keras_object(config.pop("optimizer"), custom_objects=custom_objects)
         op = config.pop("op", "Average")
-        config["op"] = reduction.OPS_BY_NAME[op] if isinstance(op, str) else op
+        config["op"] = OPS_BY_NAME[op] if isinstance(op, str) else op
         return cls(inner, **config)
 
 

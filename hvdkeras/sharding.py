@@ -1,18 +1,9 @@
-"""Optimizer state sharded across workers (ZeRO stages 1 and 2): DistributedOptimizer(shard_optimizer_state=True).
+"""The optimizer's state sharded across workers (ZeRO stages 1 and 2): DistributedOptimizer(shard_optimizer_state=True).
 
-The partition is by whole variables. Each trainable variable is owned by one worker, and the inner optimizer
-is built on its owner only, so each slot (a moment, a velocity, Adafactor's factored second moments) exists
-once in the job instead of once per worker. Every step:
-
-1. The dense gradients are reduce-scattered in the buckets the unsharded optimizer all-reduces them in
-   (consecutive buckets merged until the workers' parts are about equal), each as soon as the backward pass
-   has produced it: a group's gradients are packed by owner into one buffer of N equal parts (each padded
-   to the longest), an alltoall sends each worker every copy of its part, and it sums them. A group whose
-   padding would make it send more than an allreduce of it is all-reduced instead, and each worker keeps
-   its own part.
-2. Each worker's inner optimizer updates the variables it owns, in place.
-3. The updated variables are all-gathered into every worker's weights, one allgather per bucket, before the
-   next forward pass.
+hvdkeras.reduce.reduce_scatter partitions the trainable variables by whole variables, reduces each gradient to
+its owner, and all-gathers the updated variables. This module keeps the inner optimizer's side of it: the
+optimizer is built on its owner's variables only, so each slot (a moment, a velocity, Adafactor's factored
+second moments) exists once in the job instead of once per worker.
 
 Whole variables keep every per-variable rule of Keras's optimizers exact and unmodified (clipnorm,
 Adafactor's factored moments, Lamb's trust ratio, exclude_from_weight_decay, EMA), and the owner updates the
@@ -20,7 +11,7 @@ model's own variable, with no second copy of the weights. The rules that span va
 workers: global_clipnorm's norm and the loss-scale optimizer's finiteness check are all-reduced.
 
 Checkpoints hold the full state, in the order an unsharded optimizer of the same kind saves it, so plain
-Keras loads them; `StateLayout` maps that order onto each worker's part.
+Keras loads them; `full_layout` maps that order onto each worker's part.
 """
 
 from __future__ import annotations
@@ -35,233 +26,9 @@ import tensorflow as tf
 from keras.optimizers import LossScaleOptimizer
 
 from hvdkeras import _collectives as C
-from hvdkeras import reduction
-from hvdkeras.reduction import ReductionOptions, numel
+from hvdkeras.reduce.options import ReductionOptions
+from hvdkeras.reduce.reduce_scatter import EVERY, Shard, pack
 from hvdkeras.variables import var_id
-
-EVERY = -1  # the owner of a local variable (PartialDistributedOptimizer): every worker keeps its own
-
-
-
-def partition(sizes: Sequence[int], buckets: Sequence[Sequence[int]], n: int) -> list[int]:
-    """The owner of each variable: within each bucket, largest first, to the worker with the least of that
-    bucket so far, then the least overall, then the lowest rank.
-
-    So each bucket's reduce-scatter segments are about equal (little padding) and the workers' totals too.
-    Depends only on the sizes and buckets, so every worker computes the same owners. Indices in no bucket
-    get EVERY.
-    """
-    owners = [EVERY] * len(sizes)
-    total = [0] * n
-    for bucket in buckets:
-        load = [0] * n
-        for i in sorted(bucket, key=lambda i: (-sizes[i], i)):
-            r = min(range(n), key=lambda r: (load[r], total[r], r))
-            owners[i] = r
-            load[r] += sizes[i]
-            total[r] += sizes[i]
-    return owners
-
-
-@dataclasses.dataclass(frozen=True)
-class Shard:
-    """Who owns which variable, for the variables an optimizer was built on (in that order)."""
-
-    variables: tuple
-    owners: tuple
-    rank: int
-    size: int
-
-    @classmethod
-    def make(cls, variables: Sequence[Any], options: ReductionOptions, local: set[int] | frozenset[int],
-             rank: int, size: int) -> "Shard":
-        variables = tuple(variables)
-        shared = [i for i, v in enumerate(variables) if var_id(v) not in local]
-        buckets = reduction.dense_groups(shared, variables, options)
-        owners = partition([numel(v) for v in variables], buckets, size)
-        idle = sorted(set(range(size)) - set(owners))
-        if shared and idle:
-            raise ValueError(
-                "shard_optimizer_state=True needs at least one trainable variable per worker to own: "
-                f"{len(shared)} shared variables for {size} workers leave workers {idle} without any. "
-                "Use fewer workers or shard_optimizer_state=False.")
-        return cls(variables, tuple(owners), rank, size)
-
-    def owner(self, var: Any) -> int:
-        return self.owners[self.index(var)]
-
-    def index(self, var: Any) -> int:
-        return self._indices()[var_id(var)]
-
-    def _indices(self) -> dict[int, int]:
-        cached = self.__dict__.get("_index_cache")
-        if cached is None:
-            cached = {var_id(v): i for i, v in enumerate(self.variables)}
-            object.__setattr__(self, "_index_cache", cached)
-        return cached
-
-    def owns(self, var: Any) -> bool:
-        return self.owner(var) in (EVERY, self.rank)
-
-    def owned(self) -> list:
-        """This worker's variables (its own share and the local ones), in the built order."""
-        return [v for v, o in zip(self.variables, self.owners) if o in (EVERY, self.rank)]
-
-    def elements_by_worker(self) -> list[int]:
-        """How many elements of the shared variables each worker owns (what its slots are made from)."""
-        counts = [0] * self.size
-        for v, o in zip(self.variables, self.owners):
-            if o != EVERY:
-                counts[o] += numel(v)
-        return counts
-
-
-# ------------------------------------------------------------------------------------------------ gradients
-def reduce_scatter_gradients(grads: Sequence[Any], variables: Sequence[Any], shard: Shard,
-                             options: ReductionOptions, local: set[int] | frozenset[int] = frozenset()
-                             ) -> tuple[list, list]:
-    """Each worker's reduced gradients for the variables it owns (None for the others), and the collectives'
-    results that this worker does not use.
-
-    Local variables' gradients stay, scaled as in `reduction.reduce_gradients`; sparse gradients are
-    allgathered (unless `sparse_as_dense`) and kept by their owner. The unused results must be made to run
-    (a control dependency): in a traced step TensorFlow prunes an op whose result nothing uses, and the
-    other workers would wait for this one's part of that collective forever.
-    """
-    out: list = [None] * len(grads)
-    unused: list = []
-    dense = []
-    for i, g in enumerate(grads):
-        if g is None:
-            continue
-        var = variables[i]
-        if var_id(var) in local:
-            out[i] = reduction._scale_local(g, options) if options.scale_local_gradients else g
-        elif isinstance(g, tf.IndexedSlices) and not options.sparse_as_dense:
-            reduced = reduction._reduce_sparse(g, options, name=f"hvdkeras.gradients.sparse.{i}")
-            if shard.owns(var):
-                out[i] = reduced
-            else:
-                unused.append(reduced.values)
-        else:
-            out[i] = tf.convert_to_tensor(g)
-            dense.append(i)
-    for k, group in enumerate(balanced_groups(reduction.dense_groups(dense, variables, options), variables, shard)):
-        unused += _reduce_scatter_group(out, group, variables, shard, options, name=f"hvdkeras.gradients.{k}")
-    return out, unused
-
-
-def _parts(group: Sequence[int], variables: Sequence[Any], shard: Shard) -> tuple[list[list[int]], list[int]]:
-    """The group's indices by owner, and how many elements each owner's part holds."""
-    per: list[list[int]] = [[] for _ in range(shard.size)]
-    for i in group:
-        per[shard.owner(variables[i])].append(i)
-    return per, [sum(numel(variables[i]) for i in owned) for owned in per]
-
-
-def _flat(tensors: Sequence[Any], dtype: Any) -> tf.Tensor:
-    if not tensors:
-        return tf.zeros([0], dtype=dtype)
-    return tf.concat([tf.reshape(t, [-1]) for t in tensors], axis=0)
-
-
-def balanced_groups(groups: Sequence[Sequence[int]], variables: Sequence[Any], shard: Shard,
-                    slack: float = 1.25) -> list[list[int]]:
-    """Consecutive groups (buckets) of one dtype merged until each merged group's parts are about equal
-    (the longest part times the number of workers within `slack` of the group's size), so that padding the
-    parts to equal length costs little. A bucket of one large variable is otherwise all one worker's."""
-    out: list[list[int]] = []
-    current: list[int] = []
-    for group in groups:
-        if current and variables[current[0]].dtype != variables[group[0]].dtype:
-            out.append(current)
-            current = []
-        current = current + list(group)
-        _, lengths = _parts(current, variables, shard)
-        if shard.size * max(lengths) <= slack * sum(lengths):
-            out.append(current)
-            current = []
-    if current:
-        out.append(current)
-    return out
-
-
-def _reduce_scatter_group(out: list, group: list[int], variables: Sequence[Any], shard: Shard,
-                          options: ReductionOptions, name: str) -> list:
-    per, lengths = _parts(group, variables, shard)
-    longest, total = max(lengths), sum(lengths)
-    if shard.size * longest > 2 * total:
-        # One variable dominates the group: padding every part to it would send more than an allreduce.
-        reduced = list(out)
-        reduction._reduce_dense(reduced, group, options, name=name)
-        for i in group:
-            out[i] = reduced[i] if i in per[shard.rank] else None
-        return [] if per[shard.rank] else [reduced[group[0]]]
-    compressed, ctxs = {}, {}
-    for i in group:
-        compressed[i], ctxs[i] = options.compression.compress(out[i])
-    dtype = compressed[group[0]].dtype
-    segments = []
-    for owned, length in zip(per, lengths):
-        flat = _flat([compressed[i] for i in owned], dtype)
-        segments.append(tf.pad(flat, [[0, longest - length]]) if length < longest else flat)
-    # A reduce-scatter as an alltoall (each worker receives every worker's copy of its own part) and a sum
-    # here, in rank order: Horovod's Gloo reduce-scatter took twice an allreduce of the same buffer, the
-    # alltoall and the sum about half of one (docs/sharding.md). Average and the predivide
-    # factor scale as Horovod's allreduce does: before the sum, then after it.
-    pre, post = 1.0, 1.0
-    if options.op == C.Average:
-        pre, post = 1.0 / options.gradient_predivide_factor, options.gradient_predivide_factor / shard.size
-    sent = tf.concat(segments, axis=0)
-    if pre != 1.0:
-        sent = sent * tf.cast(pre, dtype)
-    with tf.device(options.device_dense):
-        received = C.alltoall(sent, name=name, process_set=options.process_set)
-    mine = tf.reduce_sum(tf.reshape(received, [shard.size, longest]), axis=0)
-    if post != 1.0:
-        mine = mine * tf.cast(post, dtype)
-    for i in group:
-        out[i] = None
-    offset = 0
-    for i in per[shard.rank]:
-        n = numel(variables[i])
-        part = tf.reshape(mine[offset:offset + n], variables[i].shape)
-        out[i] = options.compression.decompress(part, ctxs[i])
-        offset += n
-    return [] if per[shard.rank] else [mine]
-
-
-# -------------------------------------------------------------------------------------------------- weights
-def all_gather_variables(variables: Sequence[Any], shard: Shard, options: ReductionOptions,
-                         after: Sequence[Any] = ()) -> None:
-    """Sets every worker's copy of `variables` (shared ones, updated by their owners) to the owner's value.
-
-    `after`: tensors each allgather depends on (an empty slice of each is sent with it). In a traced step a
-    control dependency is not enough: TensorFlow runs an allgather whose input is a constant at once.
-    """
-    shared = [i for i, v in enumerate(variables) if shard.owner(v) != EVERY]
-    anchors = [tf.reshape(t, [-1])[:0] for t in after]
-    for k, group in enumerate(balanced_groups(reduction.dense_groups(shared, variables, options), variables, shard)):
-        per, lengths = _parts(group, variables, shard)
-        dtype = variables[group[0]].dtype
-        # Every worker sends the same number of elements, its part padded to the longest. With parts of
-        # different lengths, Horovod 0.28.1 over Gloo returned one bucket's buffer for another's (measured: two
-        # buckets in one step, one worker sending nothing to either and the other 64 and 32768 elements).
-        longest = max(lengths)
-        flat = _flat([tf.convert_to_tensor(variables[i]) for i in per[shard.rank]]
-                     + [tf.cast(a, dtype) for a in anchors], dtype)
-        if lengths[shard.rank] < longest:
-            flat = tf.pad(flat, [[0, longest - lengths[shard.rank]]])
-        with tf.device(options.device_dense):
-            full = C.allgather(flat, name=f"hvdkeras.weights.{k}", process_set=options.process_set)
-        # Every worker assigns every variable of the bucket from the gathered buffer, its own too (the same
-        # bits): a traced step would otherwise prune the allgather on a worker that owns the whole bucket.
-        for r, owned in enumerate(per):
-            offset = r * longest
-            for i in owned:
-                n = numel(variables[i])
-                variables[i].assign(tf.reshape(full[offset:offset + n], variables[i].shape))
-                offset += n
 
 
 # -------------------------------------------------------------------------------------- cross-worker rules
@@ -319,6 +86,23 @@ def install_cross_worker_rules(optimizer: Any, shard: Shard, options: ReductionO
                     "(PartialDistributedOptimizer, register_local_var): the norm would count each worker's local "
                     f"gradients once per worker. Received: global_clipnorm={layer.global_clipnorm}")
             layer._clip_gradients = _global_clip(layer, options.process_set)
+            layer._hvdkeras_norm_workers = shard.size
+
+
+def check_update_gradients(optimizer: Any, grads: Sequence[Any]) -> None:
+    """Raises where this worker's update would leave the others waiting for it: its global_clipnorm's norm spans
+    the workers (`install_cross_worker_rules`), and none of the variables it updates has a gradient (Keras clips
+    only where there are gradients).
+
+    Raises:
+        ValueError: saying so, and what to do.
+    """
+    spans = any(getattr(layer, "_hvdkeras_norm_workers", 1) > 1 for layer in _layers(optimizer))
+    if spans and all(g is None for g in grads):
+        raise ValueError(
+            "shard_optimizer_state=True with `global_clipnorm`: none of the variables this worker owns has a "
+            f"gradient in this step, so it cannot add its part of the norm. Received: {len(grads)} owned "
+            "variables, all without gradients. Leave them out of the trainable variables or do not shard.")
 
 
 # ---------------------------------------------------------------------------------------------- the state
@@ -440,7 +224,7 @@ def gather_state(optimizer: Any, layout: Sequence[Entry], shard: Shard, options:
         lengths = [sum(int(np.prod(specs[j][0])) for j in entries if shard.owners[layout[j].variable] == r)
                    for r in range(shard.size)]
         longest = max(lengths)
-        flat = _flat([tf.convert_to_tensor(mine[j]) for j in entries if j in mine], dtype)
+        flat = pack([tf.convert_to_tensor(mine[j]) for j in entries if j in mine], dtype)
         if lengths[shard.rank] < longest:
             flat = tf.pad(flat, [[0, longest - lengths[shard.rank]]])
         full = C.allgather(flat, name=f"hvdkeras.sharded.state.{dtype}", process_set=options.process_set).numpy()

@@ -3,7 +3,7 @@
 `tape = hvdkeras.DistributedGradientTape(tape)` after the `with tf.GradientTape() as tape:` block makes
 `tape.gradient(loss, variables)` return the gradients averaged across the workers, as Horovod's does. Horovod's
 own tape calls `.ref()` on every source, which Keras 3 variables do not have (horovod#4290); this one keys them
-by `variables.var_id` and reduces through `reduction.reduce_gradients`, the function DistributedOptimizer uses,
+by `variables.var_id` and reduces through the allreduce reducer (hvdkeras.reduce), as DistributedOptimizer does,
 with the same buckets, grouping, compression and local variables.
 """
 
@@ -16,8 +16,9 @@ import tensorflow as tf
 
 from hvdkeras import _collectives as C
 from hvdkeras import compression as _compression
-from hvdkeras import reduction
-from hvdkeras.reduction import ReductionOptions
+from hvdkeras.reduce import AllreduceReducer
+from hvdkeras.reduce.context import in_xla_context
+from hvdkeras.reduce.options import ReductionOptions
 from hvdkeras.variables import NamesByIdentity, var_id
 
 # The collectives' names of each list of sources, in the order the process first reduces it: the same on every
@@ -115,7 +116,7 @@ class _DistributedGradientTape(tf.GradientTape):
         Raises:
             RuntimeError: called inside an XLA-compiled function (Horovod's collectives cannot be compiled).
         """
-        if reduction.in_xla_context():
+        if in_xla_context():
             raise RuntimeError(
                 "Horovod's collectives cannot be compiled by XLA, and DistributedGradientTape.gradient is being "
                 "traced inside an XLA-compiled function (tf.function(jit_compile=True)). Compute the gradients "
@@ -125,10 +126,9 @@ class _DistributedGradientTape(tf.GradientTape):
                                         unconnected_gradients=unconnected_gradients)
         flat_sources = tf.nest.flatten(sources)
         flat_grads = tf.nest.flatten(grads)
-        local = self.local_sources
-        reduced = reduction.reduce_gradients(flat_grads, flat_sources, self._hvd_options, local or frozenset(),
-                                             name=_name_for(flat_sources))
-        return tf.nest.pack_sequence_as(grads, reduced)
+        reducer = AllreduceReducer(self._hvd_options, lambda: self.local_sources)
+        reduced = reducer.reduce(flat_grads, flat_sources, name=_name_for(flat_sources))
+        return tf.nest.pack_sequence_as(grads, reduced.grads)
 
 
 def DistributedGradientTape(  # noqa: N802 - Horovod's name

@@ -50,7 +50,7 @@ from hvdkeras.compression import Compression
 from hvdkeras.learning_rate import as_float, scale_factor, scale_learning_rate
 from hvdkeras.models import consolidate_optimizer_state, held_optimizers, prepare_xla, sharded_optimizers
 from hvdkeras.optimizer import DistributedOptimizer, unwrap
-from hvdkeras.reduction import ReductionOptions
+from hvdkeras.reduce.options import ReductionOptions
 
 log = logging.getLogger("hvdkeras")
 

@@ -78,7 +78,7 @@ def test_partial_distributed_optimizer_matches_horovod_keras():
     ours = parameters(hvdkeras.PartialDistributedOptimizer)
     assert [p.name for p in ours[:len(names)]] == names
     assert [(p.name, p.default) for p in ours[len(names):]] == [("bucket_bytes", None),
-                                                                ("shard_optimizer_state", False)]
+                                                                ("shard_optimizer_state", False), ("reducer", None)]
 
 
 def test_is_version_greater_equal_than():

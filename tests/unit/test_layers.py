@@ -29,7 +29,10 @@ def test_the_tree_keeps_every_contract():
 
 
 @pytest.mark.parametrize("module, upward, contract", [
-    ("hvdkeras/reduction.py", "from hvdkeras import wrap", "Entry points over training over the job over the base"),
+    ("hvdkeras/reduce/groups.py", "from hvdkeras import wrap", "over the reducers over the job"),
+    ("hvdkeras/reduce/base.py", "from hvdkeras import optimizer", "over the reducers over the job"),
+    ("hvdkeras/reduce/allreduce.py", "from hvdkeras import tape", "over the reducers over the job"),
+    ("hvdkeras/reduce/allreduce.py", "from hvdkeras.job import lifecycle", "know nothing of launching"),
     ("hvdkeras/job/lifecycle.py", "from hvdkeras import sync_batch_norm", "Entry points over training"),
     ("hvdkeras/settings.py", "from hvdkeras.job import threads", "Entry points over training"),
     ("hvdkeras/optimizer.py", "from hvdkeras.job import launchers", "know nothing of launching"),

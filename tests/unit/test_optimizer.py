@@ -1,5 +1,5 @@
 """DistributedOptimizer in one process: validation, delegation to the inner optimizer, accumulation, loss scaling and
-serialization (the reduction itself: test_reduction.py)."""
+serialization (the reduction itself: tests/unit/reduce/)."""
 
 import keras
 import numpy as np
@@ -92,7 +92,7 @@ def test_every_keras_hyperparameter_and_option_is_a_property_written_in_the_clas
     import). A Keras release with a new hyperparameter fails here, not in a user's import."""
     import dataclasses
 
-    from hvdkeras.reduction import ReductionOptions
+    from hvdkeras.reduce.options import ReductionOptions
 
     body = vars(DistributedOptimizer)
     hyper = _keras_hyperparameters()
@@ -272,8 +272,8 @@ def test_calling_the_class_shows_horovods_parameters():
     import inspect
 
     names = list(inspect.signature(DistributedOptimizer).parameters)
-    assert names[:3] == ["optimizer", "name", "device_dense"] and names[-2:] == ["bucket_bytes",
-                                                                                 "shard_optimizer_state"]
+    assert names[:3] == ["optimizer", "name", "device_dense"] and names[-3:] == ["bucket_bytes",
+                                                                                 "shard_optimizer_state", "reducer"]
     assert names == [n for n in inspect.signature(DistributedOptimizer.__init__).parameters if n != "self"]
 
 

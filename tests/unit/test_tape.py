@@ -10,7 +10,7 @@ import pytest
 import tensorflow as tf
 
 from hvdkeras import _collectives as C
-from hvdkeras import reduction
+from hvdkeras.reduce import context as reduction
 
 
 @pytest.fixture

@@ -1,5 +1,5 @@
-"""hvdkeras.reduction: the options, the groupings and the reduction of dense, sparse and local gradients, against
-the faked seam."""
+"""hvdkeras.reduce.allreduce: the reduction of dense, sparse and local gradients, in buckets, against the faked
+seam (through DistributedOptimizer, whose default reducer it is)."""
 
 import keras
 import numpy as np
@@ -9,7 +9,7 @@ import tensorflow as tf
 from hvdkeras import _collectives as C
 from hvdkeras.optimizer import DistributedOptimizer
 
-from .helpers import small_model
+from ..helpers import small_model
 
 
 def stack(widths=(4, 8, 16, 2)):
@@ -142,50 +142,3 @@ def test_a_bucket_can_start_before_the_rest_of_the_backward_pass_exists(monkeypa
         assert len(sent) == 3
     else:
         assert first_kernel_grad["op"] in last_bucket_needs and len(sent) == 1
-
-
-def test_options_are_checked_once_and_frozen(hvd):
-    import dataclasses
-
-    from hvdkeras import Compression
-    from hvdkeras.reduction import ReductionOptions
-
-    options = ReductionOptions(compression="fp16", groups=[[1], [2]], bucket_bytes=0)
-    assert options.compression is Compression.fp16 and options.groups == ((1,), (2,)) and options.bucket_bytes == 0
-    with pytest.raises(dataclasses.FrozenInstanceError):
-        options.op = C.Sum
-    assert ReductionOptions.from_horovod(num_groups=3).groups == 3
-    with pytest.raises(ValueError, match="not both"):
-        ReductionOptions.from_horovod(num_groups=2, groups=2)
-    with pytest.raises(ValueError, match="Received: gradient_predivide_factor=-1"):
-        ReductionOptions(gradient_predivide_factor=-1)
-    assert ReductionOptions(op=C.Sum).to_config()["op"] == "Sum"
-
-
-def test_the_default_bucket_size_is_read_once_from_the_setting(monkeypatch):
-    from hvdkeras.reduction import ReductionOptions
-
-    monkeypatch.setenv("HVDKERAS_BUCKET_BYTES", "128")
-    options = ReductionOptions()
-    monkeypatch.setenv("HVDKERAS_BUCKET_BYTES", "256")
-    assert options.bucket_bytes == 128 and ReductionOptions().bucket_bytes == 256
-
-
-def test_even_and_listed_groups():
-    from hvdkeras.reduction import even_groups, listed_groups
-
-    assert even_groups([0, 1, 2, 3, 4], 2) == [[0, 1, 2], [3, 4]]
-    assert even_groups([0, 1], 5) == [[0], [1]]
-    variables = [keras.Variable(np.zeros(2, "float32")) for _ in range(4)]
-    listed = [[variables[3], variables[1]]]
-    assert listed_groups([0, 1, 2, 3], variables, listed) == [[1, 3], [0], [2]]
-
-
-def test_each_group_is_split_by_dtype_and_buckets_follow_the_backward_pass():
-    from hvdkeras.reduction import ReductionOptions, dense_groups, gradient_buckets
-
-    variables = [keras.Variable(np.zeros(4, dtype)) for dtype in ("float32", "float16", "float32")]
-    assert dense_groups([0, 1, 2], variables, ReductionOptions(bucket_bytes=0)) == [[0, 2], [1]]
-    # 16, 8 and 16 bytes from the last variable back: a bucket closes at 20 bytes or more.
-    assert gradient_buckets([0, 1, 2], variables, 20) == [[2, 1], [0]]
-    assert gradient_buckets([], variables, 20) == []

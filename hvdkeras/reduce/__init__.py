@@ -1,0 +1,30 @@
+"""The reducers: how one step's gradients become the same update on every worker (`base.Reducer`).
+
+- `AllreduceReducer` (allreduce.py): every worker gets every reduced gradient (the default);
+- `ReduceScatterReducer` (reduce_scatter.py): each worker gets and updates its own share, then the updated
+  variables are all-gathered (ZeRO; `shard_optimizer_state=True`).
+
+groups.py owns the buckets and groups of every reducer, options.py the options they read, context.py what
+they share about a reduction in progress. Plain TensorFlow: nothing here imports an optimizer.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from hvdkeras.reduce.allreduce import AllreduceReducer
+from hvdkeras.reduce.base import Reduced, Reducer
+from hvdkeras.reduce.options import ReductionOptions
+from hvdkeras.reduce.reduce_scatter import ReduceScatterReducer
+
+BUILT_IN = {"allreduce": AllreduceReducer, "reduce_scatter": ReduceScatterReducer}
+
+
+def make_reducer(options: ReductionOptions, local: Callable[[], Any] = frozenset) -> Reducer:
+    """The built-in reducer the options name: the reduce-scatter with `shard_optimizer_state`, else the
+    allreduce."""
+    return (ReduceScatterReducer if options.shard_optimizer_state else AllreduceReducer)(options, local)
+
+
+__all__ = ["AllreduceReducer", "BUILT_IN", "ReduceScatterReducer", "Reduced", "Reducer", "ReductionOptions",
+           "make_reducer"]

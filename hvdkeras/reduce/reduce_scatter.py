@@ -1,0 +1,281 @@
+"""The reduce-scatter reducer (ZeRO stages 1 and 2): each worker receives the reduced gradients of the variables
+it owns only, its optimizer updates those, and the updated variables are all-gathered into every worker's
+weights after the update. `DistributedOptimizer(shard_optimizer_state=True)` is this reducer; hvdkeras.sharding
+keeps the optimizer's state in the owners' parts (docs/sharding.md).
+
+The partition is by whole variables (`partition`, `Shard`). Every step:
+
+1. The dense gradients are reduce-scattered in the buckets the allreduce reducer all-reduces them in
+   (consecutive buckets merged until the workers' parts are about equal: `groups.balanced_groups`), each as
+   soon as the backward pass has produced it: a group's gradients are packed by owner into one buffer of N
+   equal parts (each padded to the longest), an alltoall sends each worker every copy of its part, and it sums
+   them. A group whose padding would make it send more than an allreduce of it is all-reduced instead, and
+   each worker keeps its own part.
+2. Each worker's optimizer updates the variables it owns, in place.
+3. `after_apply`: the updated variables are all-gathered into every worker's weights, one allgather per
+   bucket, before the next forward pass.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable, Sequence
+
+import tensorflow as tf
+
+from hvdkeras import _collectives as C
+from hvdkeras.reduce.allreduce import allgather_sparse, allreduce_group, reduce_gradients, scale_local
+from hvdkeras.reduce.base import Reduced, Reducer
+from hvdkeras.reduce.groups import balanced_groups, dense_groups, numel, parts
+from hvdkeras.reduce.options import ReductionOptions
+from hvdkeras.variables import var_id
+
+EVERY = -1  # the owner of a local variable (PartialDistributedOptimizer): every worker keeps its own
+
+
+
+def partition(sizes: Sequence[int], buckets: Sequence[Sequence[int]], n: int) -> list[int]:
+    """The owner of each variable: within each bucket, largest first, to the worker with the least of that
+    bucket so far, then the least overall, then the lowest rank.
+
+    So each bucket's reduce-scatter segments are about equal (little padding) and the workers' totals too.
+    Depends only on the sizes and buckets, so every worker computes the same owners. Indices in no bucket
+    get EVERY.
+    """
+    owners = [EVERY] * len(sizes)
+    total = [0] * n
+    for bucket in buckets:
+        load = [0] * n
+        for i in sorted(bucket, key=lambda i: (-sizes[i], i)):
+            r = min(range(n), key=lambda r: (load[r], total[r], r))
+            owners[i] = r
+            load[r] += sizes[i]
+            total[r] += sizes[i]
+    return owners
+
+
+@dataclasses.dataclass(frozen=True)
+class Shard:
+    """Who owns which variable, for the variables an optimizer was built on (in that order)."""
+
+    variables: tuple
+    owners: tuple
+    rank: int
+    size: int
+
+    @classmethod
+    def make(cls, variables: Sequence[Any], options: ReductionOptions, local: set[int] | frozenset[int],
+             rank: int, size: int) -> "Shard":
+        variables = tuple(variables)
+        shared = [i for i, v in enumerate(variables) if var_id(v) not in local]
+        buckets = dense_groups(shared, variables, options)
+        owners = partition([numel(v) for v in variables], buckets, size)
+        idle = sorted(set(range(size)) - set(owners))
+        if shared and idle:
+            raise ValueError(
+                "shard_optimizer_state=True needs at least one trainable variable per worker to own: "
+                f"{len(shared)} shared variables for {size} workers leave workers {idle} without any. "
+                "Use fewer workers or shard_optimizer_state=False.")
+        return cls(variables, tuple(owners), rank, size)
+
+    def owner(self, var: Any) -> int:
+        return self.owners[self.index(var)]
+
+    def index(self, var: Any) -> int:
+        return self._indices()[var_id(var)]
+
+    def _indices(self) -> dict[int, int]:
+        cached = self.__dict__.get("_index_cache")
+        if cached is None:
+            cached = {var_id(v): i for i, v in enumerate(self.variables)}
+            object.__setattr__(self, "_index_cache", cached)
+        return cached
+
+    def owns(self, var: Any) -> bool:
+        return self.owner(var) in (EVERY, self.rank)
+
+    def owned(self) -> list:
+        """This worker's variables (its own share and the local ones), in the built order."""
+        return [v for v, o in zip(self.variables, self.owners) if o in (EVERY, self.rank)]
+
+    def elements_by_worker(self) -> list[int]:
+        """How many elements of the shared variables each worker owns (what its slots are made from)."""
+        counts = [0] * self.size
+        for v, o in zip(self.variables, self.owners):
+            if o != EVERY:
+                counts[o] += numel(v)
+        return counts
+
+
+# ------------------------------------------------------------------------------------------------ gradients
+def reduce_scatter_gradients(grads: Sequence[Any], variables: Sequence[Any], shard: Shard,
+                             options: ReductionOptions, local: set[int] | frozenset[int] = frozenset()
+                             ) -> tuple[list, list]:
+    """Each worker's reduced gradients for the variables it owns (None for the others), and the collectives'
+    results that this worker does not use.
+
+    Local variables' gradients stay, scaled as in `allreduce.reduce_gradients`; sparse gradients are
+    allgathered (unless `sparse_as_dense`) and kept by their owner. The unused results must be made to run
+    (a control dependency): in a traced step TensorFlow prunes an op whose result nothing uses, and the
+    other workers would wait for this one's part of that collective forever.
+    """
+    out: list = [None] * len(grads)
+    unused: list = []
+    dense = []
+    for i, g in enumerate(grads):
+        if g is None:
+            continue
+        var = variables[i]
+        if var_id(var) in local:
+            out[i] = scale_local(g, options) if options.scale_local_gradients else g
+        elif isinstance(g, tf.IndexedSlices) and not options.sparse_as_dense:
+            reduced = allgather_sparse(g, options, name=f"hvdkeras.gradients.sparse.{i}")
+            if shard.owns(var):
+                out[i] = reduced
+            else:
+                unused.append(reduced.values)
+        else:
+            out[i] = tf.convert_to_tensor(g)
+            dense.append(i)
+    buckets = balanced_groups(dense_groups(dense, variables, options), variables, shard.owner, shard.size)
+    for k, group in enumerate(buckets):
+        unused += _reduce_scatter_group(out, group, variables, shard, options, name=f"hvdkeras.gradients.{k}")
+    return out, unused
+
+
+def pack(tensors: Sequence[Any], dtype: Any) -> tf.Tensor:
+    """The tensors flattened into one 1-D tensor of `dtype`, in order (empty for none)."""
+    if not tensors:
+        return tf.zeros([0], dtype=dtype)
+    return tf.concat([tf.reshape(t, [-1]) for t in tensors], axis=0)
+
+
+def _reduce_scatter_group(out: list, group: list[int], variables: Sequence[Any], shard: Shard,
+                          options: ReductionOptions, name: str) -> list:
+    per, lengths = parts(group, variables, shard.owner, shard.size)
+    longest, total = max(lengths), sum(lengths)
+    if shard.size * longest > 2 * total:
+        # One variable dominates the group: padding every part to it would send more than an allreduce.
+        reduced = list(out)
+        allreduce_group(reduced, group, options, name=name)
+        for i in group:
+            out[i] = reduced[i] if i in per[shard.rank] else None
+        return [] if per[shard.rank] else [reduced[group[0]]]
+    compressed, ctxs = {}, {}
+    for i in group:
+        compressed[i], ctxs[i] = options.compression.compress(out[i])
+    dtype = compressed[group[0]].dtype
+    segments = []
+    for owned, length in zip(per, lengths):
+        flat = pack([compressed[i] for i in owned], dtype)
+        segments.append(tf.pad(flat, [[0, longest - length]]) if length < longest else flat)
+    # A reduce-scatter as an alltoall (each worker receives every worker's copy of its own part) and a sum
+    # here, in rank order: Horovod's Gloo reduce-scatter took twice an allreduce of the same buffer, the
+    # alltoall and the sum about half of one (docs/sharding.md). Average and the predivide
+    # factor scale as Horovod's allreduce does: before the sum, then after it.
+    pre, post = 1.0, 1.0
+    if options.op == C.Average:
+        pre, post = 1.0 / options.gradient_predivide_factor, options.gradient_predivide_factor / shard.size
+    sent = tf.concat(segments, axis=0)
+    if pre != 1.0:
+        sent = sent * tf.cast(pre, dtype)
+    with tf.device(options.device_dense):
+        received = C.alltoall(sent, name=name, process_set=options.process_set)
+    mine = tf.reduce_sum(tf.reshape(received, [shard.size, longest]), axis=0)
+    if post != 1.0:
+        mine = mine * tf.cast(post, dtype)
+    for i in group:
+        out[i] = None
+    offset = 0
+    for i in per[shard.rank]:
+        n = numel(variables[i])
+        part = tf.reshape(mine[offset:offset + n], variables[i].shape)
+        out[i] = options.compression.decompress(part, ctxs[i])
+        offset += n
+    return [] if per[shard.rank] else [mine]
+
+
+# -------------------------------------------------------------------------------------------------- weights
+def all_gather_variables(variables: Sequence[Any], shard: Shard, options: ReductionOptions,
+                         after: Sequence[Any] = ()) -> None:
+    """Sets every worker's copy of `variables` (shared ones, updated by their owners) to the owner's value.
+
+    `after`: tensors each allgather depends on (an empty slice of each is sent with it). In a traced step a
+    control dependency is not enough: TensorFlow runs an allgather whose input is a constant at once.
+    """
+    shared = [i for i, v in enumerate(variables) if shard.owner(v) != EVERY]
+    anchors = [tf.reshape(t, [-1])[:0] for t in after]
+    for k, group in enumerate(balanced_groups(dense_groups(shared, variables, options), variables, shard.owner,
+                                                    shard.size)):
+        per, lengths = parts(group, variables, shard.owner, shard.size)
+        dtype = variables[group[0]].dtype
+        # Every worker sends the same number of elements, its part padded to the longest. With parts of
+        # different lengths, Horovod 0.28.1 over Gloo returned one bucket's buffer for another's (measured: two
+        # buckets in one step, one worker sending nothing to either and the other 64 and 32768 elements).
+        longest = max(lengths)
+        flat = pack([tf.convert_to_tensor(variables[i]) for i in per[shard.rank]]
+                     + [tf.cast(a, dtype) for a in anchors], dtype)
+        if lengths[shard.rank] < longest:
+            flat = tf.pad(flat, [[0, longest - lengths[shard.rank]]])
+        with tf.device(options.device_dense):
+            full = C.allgather(flat, name=f"hvdkeras.weights.{k}", process_set=options.process_set)
+        # Every worker assigns every variable of the bucket from the gathered buffer, its own too (the same
+        # bits): a traced step would otherwise prune the allgather on a worker that owns the whole bucket.
+        for r, owned in enumerate(per):
+            offset = r * longest
+            for i in owned:
+                n = numel(variables[i])
+                variables[i].assign(tf.reshape(full[offset:offset + n], variables[i].shape))
+                offset += n
+
+
+def _rank_and_size() -> tuple[int, int]:
+    return (C.rank(), C.size()) if C.is_initialized() else (0, 1)
+
+
+class ReduceScatterReducer(Reducer):
+    """Each worker reduces, updates and then shares its own part of the variables (see the module's doc).
+
+    Args:
+        options: how to reduce (a ReductionOptions; the buckets are the allreduce reducer's).
+        local: a function returning the `var_id`s of the variables every worker keeps its own of.
+        rank_and_size: this worker's rank and the job's size, when built (default: Horovod's).
+    """
+
+    def __init__(self, options: ReductionOptions, local: Callable[[], Any] = frozenset,
+                 rank_and_size: Callable[[], tuple[int, int]] = _rank_and_size):
+        self.options = options
+        self._local = local
+        self._rank_and_size = rank_and_size
+        self.shard: Shard | None = None
+
+    def build(self, variables: Sequence[Any]) -> None:
+        """Partitions the variables over the workers there are now (again after an elastic resize)."""
+        rank, size = self._rank_and_size()
+        self.shard = Shard.make(variables, self.options, self._local() or frozenset(), rank, size)
+
+    def updated(self, variables: Sequence[Any]) -> list:
+        return [v for v in variables if self.shard.owns(v)]
+
+    def reduce(self, grads: Sequence[Any], variables: Sequence[Any], name: str = "hvdkeras.gradients") -> Reduced:
+        variables = list(variables)
+        if self.shard.size == 1:  # one worker owns everything: nothing to scatter
+            return Reduced(reduce_gradients(grads, variables, self.options, self._local() or frozenset(), name=name),
+                           variables)
+        grads = list(grads)
+        reduced, unused = reduce_scatter_gradients(grads, variables, self.shard, self.options,
+                                                   self._local() or frozenset())
+        owned = [(g, v) for g, v in zip(reduced, variables) if self.shard.owns(v)]
+        # Empty slices of the received gradients and of the collectives' unused results ride along in the
+        # allgathers: a data dependency that makes each allgather wait for this worker's gradients (one whose
+        # part of a bucket is empty would otherwise be sent at the start of the step, and wait there holding
+        # the other workers), and keeps the unused results from being pruned.
+        received = [g.values if isinstance(g, tf.IndexedSlices) else g for g, _ in owned if g is not None]
+        pending = ([v for g, v in zip(grads, variables) if g is not None], unused + received[:1])
+        return Reduced([g for g, _ in owned], [v for _, v in owned], pending)
+
+    def after_apply(self, reduced: Reduced) -> None:
+        if reduced.pending is None:
+            return
+        stepped, after = reduced.pending
+        all_gather_variables(stepped, self.shard, self.options, after=after)

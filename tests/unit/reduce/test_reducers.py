@@ -1,0 +1,148 @@
+"""hvdkeras.reduce: the reducer interface under DistributedOptimizer and the tape, the built-ins, and how one is
+chosen (`reducer=`, `shard_optimizer_state=True`), against the faked seam. The real 2-worker runs of both
+built-ins: tests/multiworker/test_optimizer_2w.py and test_sharding_2w.py."""
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from hvdkeras.optimizer import DistributedOptimizer
+from hvdkeras.reduce import AllreduceReducer, Reduced, Reducer, ReduceScatterReducer, make_reducer
+from hvdkeras.reduce.allreduce import reduce_gradients
+from hvdkeras.reduce.options import ReductionOptions
+from hvdkeras.tape import DistributedGradientTape
+
+from ..helpers import small_model
+
+
+class Recording(Reducer):
+    """Keeps the last variable out of every update (its gradient is dropped) and records each call."""
+
+    def __init__(self):
+        self.calls = []
+
+    def build(self, variables):
+        self.calls.append(("build", len(variables)))
+
+    def updated(self, variables):
+        return list(variables)[:-1]
+
+    def reduce(self, grads, variables, name="hvdkeras.gradients"):
+        self.calls.append(("reduce", len(grads), name))
+        return Reduced([g * 2.0 for g in grads][:-1], list(variables)[:-1], pending="mine")
+
+    def after_apply(self, reduced):
+        self.calls.append(("after_apply", reduced.pending, len(reduced.variables)))
+
+
+def test_apply_is_reduce_then_the_update_of_what_it_returned_then_after_apply(hvd):
+    model = small_model()
+    variables = model.trainable_variables
+    before = [v.numpy().copy() for v in variables]
+    reducer = Recording()
+    opt = DistributedOptimizer(keras.optimizers.SGD(0.5), reducer=reducer)
+    assert opt.reducer is reducer
+    opt.apply([tf.ones_like(v) for v in variables], variables)
+    assert reducer.calls == [("build", len(variables)), ("reduce", len(variables), "hvdkeras.gradients"),
+                             ("after_apply", "mine", len(variables) - 1)]
+    for v, b in zip(variables[:-1], before[:-1]):  # the reduced gradient (2x), at the inner optimizer's rate
+        np.testing.assert_allclose(v.numpy(), b - 0.5 * 2.0, rtol=1e-6)
+    np.testing.assert_array_equal(variables[-1].numpy(), before[-1])  # not among the updated variables
+
+
+def test_accumulated_passes_are_reduced_once_per_update(hvd):
+    model = small_model()
+    variables = model.trainable_variables
+    reducer = Recording()
+    opt = DistributedOptimizer(keras.optimizers.SGD(0.1), reducer=reducer, backward_passes_per_step=3)
+    for _ in range(6):
+        opt.apply([tf.ones_like(v) for v in variables], variables)
+    assert [c[0] for c in reducer.calls].count("reduce") == 2
+    assert [c[0] for c in reducer.calls].count("after_apply") == 2
+
+
+def test_the_built_in_reducers_and_how_they_are_named(hvd):
+    assert type(make_reducer(ReductionOptions())) is AllreduceReducer
+    assert type(make_reducer(ReductionOptions(shard_optimizer_state=True))) is ReduceScatterReducer
+    assert type(DistributedOptimizer(keras.optimizers.SGD()).reducer) is AllreduceReducer
+    for opt in (DistributedOptimizer(keras.optimizers.SGD(), reducer="reduce_scatter"),
+                DistributedOptimizer(keras.optimizers.SGD(), shard_optimizer_state=True)):
+        assert type(opt.reducer) is ReduceScatterReducer and opt.shard_optimizer_state
+        assert opt.get_config()["shard_optimizer_state"] is True  # saved as the shorthand, which loads back
+    assert not DistributedOptimizer(keras.optimizers.SGD(), reducer="allreduce").shard_optimizer_state
+
+
+@pytest.mark.parametrize("reducer, shard, error, match", [
+    ("ring", False, TypeError, "`reducer` must be one of 'allreduce', 'reduce_scatter' or an hvdkeras.reduce.Reducer. "
+                               "Received: reducer='ring'"),
+    (AllreduceReducer, False, TypeError, "Received: reducer=<class"),
+    ("allreduce", True, ValueError, "Received: reducer='allreduce', shard_optimizer_state=True"),
+    (Recording(), True, ValueError, "Pass `reducer` or `shard_optimizer_state=True`"),
+])
+def test_a_reducer_that_is_not_one_is_refused_naming_it(hvd, reducer, shard, error, match):
+    with pytest.raises(error, match=match):
+        DistributedOptimizer(keras.optimizers.SGD(), reducer=reducer, shard_optimizer_state=shard)
+
+
+def test_the_allreduce_reducer_is_reduce_gradients_over_every_variable(fake_seam):
+    fake_seam.second_worker()
+    model = small_model()
+    variables = model.trainable_variables
+    grads = [tf.ones_like(v) for v in variables]
+    reducer = AllreduceReducer(ReductionOptions(bucket_bytes=0))
+    reducer.build(variables)
+    reduced = reducer.reduce(grads, variables)
+    assert reduced.variables == list(variables) and reducer.updated(variables) == list(variables)
+    expected = reduce_gradients(grads, variables, ReductionOptions(bucket_bytes=0))
+    for got, want in zip(reduced.grads, expected):
+        np.testing.assert_array_equal(got.numpy(), want.numpy())
+        np.testing.assert_array_equal(got.numpy(), 2 * np.ones(got.shape))  # the fake's second worker: 3x ours
+    assert reducer.state() == [] and reducer.shard is None
+
+
+def test_the_reduce_scatter_reducer_updates_only_what_this_worker_owns(fake_seam):
+    calls = []
+
+    def alltoall(tensor, name=None, process_set=None):
+        calls.append(name)
+        return tensor
+
+    fake_seam.set(size=2, rank=1, alltoall=alltoall,
+                  allgather=lambda tensor, name=None, process_set=None: tf.concat([tensor, tensor], axis=0))
+    model = small_model()
+    variables = model.trainable_variables
+    reducer = ReduceScatterReducer(ReductionOptions(bucket_bytes=0), rank_and_size=lambda: (1, 2))
+    reducer.build(variables)
+    mine = reducer.updated(variables)
+    assert mine and len(mine) < len(variables) and all(reducer.shard.owns(v) for v in mine)
+    reduced = reducer.reduce([tf.ones_like(v) for v in variables], variables)
+    assert [id(v) for v in reduced.variables] == [id(v) for v in mine] and calls
+    assert all(g is not None for g in reduced.grads)
+    reducer.after_apply(reduced)  # the all-gather: every variable assigned from the gathered buffers
+
+
+def test_the_reduce_scatter_reducer_on_one_worker_reduces_everything(hvd):
+    model = small_model()
+    variables = model.trainable_variables
+    reducer = ReduceScatterReducer(ReductionOptions())
+    reducer.build(variables)
+    reduced = reducer.reduce([tf.ones_like(v) for v in variables], variables)
+    assert reduced.variables == list(variables) and reduced.pending is None
+
+
+def test_the_tape_reduces_through_the_allreduce_reducer(hvd, monkeypatch):
+    seen = []
+    reduce = AllreduceReducer.reduce
+
+    def recorded(self, grads, variables, name="hvdkeras.gradients"):
+        seen.append(name)
+        return reduce(self, grads, variables, name=name)
+
+    monkeypatch.setattr(AllreduceReducer, "reduce", recorded)
+    v = tf.Variable([1.0, 2.0])
+    with tf.GradientTape() as tape:
+        loss = tf.reduce_sum(v * v)
+    grad = DistributedGradientTape(tape).gradient(loss, v)
+    np.testing.assert_array_equal(grad.numpy(), [2.0, 4.0])
+    assert len(seen) == 1 and seen[0].startswith("hvdkeras.tape")
