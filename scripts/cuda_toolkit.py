@@ -37,6 +37,11 @@ import urllib.request
 import zipfile
 from pathlib import Path
 
+# scripts/gpu_build.py, beside this file, holds the one parser of nvcc's version.
+if str(Path(__file__).resolve().parent) not in sys.path:
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+import gpu_build  # noqa: E402
+
 RELEASE = "12.4.131"
 POOL = "pool/non-free/n/nvidia-cuda-toolkit/"  # under an archive's URI
 APT = Path("/etc/apt")
@@ -296,9 +301,11 @@ def make_home(toolkit: Path, runtime: Path, home: Path) -> Path:
 
 
 def nvcc_release(home: Path) -> str:
-    out = subprocess.run([str(home / "bin" / "nvcc"), "--version"], capture_output=True, text=True)
-    if out.returncode != 0 or f"V{RELEASE}" not in out.stdout:
-        raise ToolkitError(f"{home}/bin/nvcc --version did not print V{RELEASE}: {out.stdout}{out.stderr}")
+    """Checks that the toolkit's nvcc is RELEASE (gpu_build.nvcc_version reads it); returns RELEASE."""
+    version = gpu_build.nvcc_version(str(home))
+    if version is None or version[1] != RELEASE:
+        raise ToolkitError(f"{home}/bin/nvcc --version must say V{RELEASE}. Received: "
+                           f"{'no version' if version is None else 'V' + version[1]}")
     return RELEASE
 
 

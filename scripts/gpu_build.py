@@ -118,15 +118,23 @@ def _find_nvcc(environ: Mapping[str, str], site_packages: Sequence[Path], which:
     return None
 
 
-def nvcc_release(cuda_home: str) -> str | None:
-    """The CUDA release of a toolkit's nvcc ("12.4"), from `nvcc --version`; None if it cannot tell."""
+def nvcc_version(cuda_home: str) -> tuple[str, str] | None:
+    """A toolkit's nvcc's CUDA release and full version (("12.4", "12.4.131")), from `nvcc --version` (its line
+    "Cuda compilation tools, release 12.4, V12.4.131"); None if it does not run or print them. The one parser of
+    nvcc's version, for this script and scripts/cuda_toolkit.py."""
     try:
         out = subprocess.run([str(Path(cuda_home, "bin", "nvcc")), "--version"], capture_output=True, text=True,
                              timeout=60).stdout
     except (OSError, subprocess.SubprocessError):
         return None
-    match = re.search(r"release (\d+\.\d+)", out)
-    return match.group(1) if match else None
+    match = re.search(r"release (\d+\.\d+), V(\d+(?:\.\d+)+)", out)
+    return (match.group(1), match.group(2)) if match else None
+
+
+def nvcc_release(cuda_home: str) -> str | None:
+    """The CUDA release of a toolkit's nvcc ("12.4"); None if it cannot tell."""
+    version = nvcc_version(cuda_home)
+    return version[0] if version else None
 
 
 def plan(tf_cuda: bool, environ: Mapping[str, str], site_packages: Sequence[Path], ldconfig: str, work: Path,

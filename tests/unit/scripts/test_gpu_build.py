@@ -134,3 +134,30 @@ def test_the_command_prints_the_builds_variables_or_fails(tmp_path):
     forced = subprocess.run([sys.executable, str(SCRIPT), str(tmp_path)], capture_output=True, text=True, timeout=120,
                             env={"PATH": "/usr/bin:/bin", "HOROVOD_GPU_OPERATIONS": "NCCL"})
     assert forced.returncode == 1 and "gpu_build.py: error: HOROVOD_GPU_OPERATIONS=NCCL" in forced.stderr
+
+
+def _nvcc(home, text: str):
+    nvcc = home / "bin" / "nvcc"
+    nvcc.parent.mkdir(parents=True)
+    nvcc.write_text(f"#!/bin/sh\nprintf '%s\\n' {text!r}\n")
+    nvcc.chmod(0o755)
+    return home
+
+
+def test_one_parser_reads_nvccs_release_and_version_for_both_scripts(tmp_path):
+    cuda_toolkit = load("cuda_toolkit")
+    printed = "nvcc: NVIDIA (R) Cuda compiler driver\nCuda compilation tools, release 12.4, V12.4.131"
+    home = _nvcc(tmp_path / "ok", printed)
+    assert gpu_build.nvcc_version(str(home)) == ("12.4", "12.4.131")
+    assert gpu_build.nvcc_release(str(home)) == "12.4"
+    assert cuda_toolkit.nvcc_release(home) == "12.4.131"
+    assert cuda_toolkit.gpu_build.nvcc_version is not None  # the same parser, not a copy
+    other = _nvcc(tmp_path / "other", "Cuda compilation tools, release 13.0, V13.0.48")
+    assert gpu_build.nvcc_release(str(other)) == "13.0"
+    with pytest.raises(cuda_toolkit.ToolkitError, match="must say V12.4.131. Received: V13.0.48"):
+        cuda_toolkit.nvcc_release(other)
+    silent = _nvcc(tmp_path / "silent", "no version here")
+    assert gpu_build.nvcc_version(str(silent)) is None
+    with pytest.raises(cuda_toolkit.ToolkitError, match="Received: no version"):
+        cuda_toolkit.nvcc_release(silent)
+    assert gpu_build.nvcc_version(str(tmp_path / "missing")) is None
