@@ -291,13 +291,37 @@ class DistributedOptimizer(keras.optimizers.Optimizer, metaclass=_Factory):
 
     @property
     def variables(self):
-        """The inner optimizer's variables, then (only with backward_passes_per_step > 1) the accumulators."""
+        """The inner optimizer's variables, then (only with backward_passes_per_step > 1) the accumulators, then
+        the reducer's state (none for the built-in reducers)."""
         extra = [self._pass_counter, *self._accumulators] if self._pass_counter is not None else []
-        return VariableList(self.inner_optimizer.variables + extra)
+        return VariableList(self.inner_optimizer.variables + extra + list(self._reducer.state()))
 
     def save_own_variables(self, store):
-        # Only the inner optimizer's state: the file is what a plain Keras optimizer saves and loads.
+        # The inner optimizer's state: the file is what a plain Keras optimizer saves and loads. Then the
+        # reducer's state, numbered after it (none for the built-in reducers, whose files are plain Keras's).
         # The accumulators are empty at every update (where checkpoints are taken) and start empty.
+        self._save_inner_variables(store)
+        state = list(self._reducer.state())
+        if state:
+            first = len(store.keys())
+            for k, variable in enumerate(state):
+                store[str(first + k)] = variable.numpy()
+
+    def load_own_variables(self, store):
+        state = list(self._reducer.state())
+        if not state:
+            self._load_inner_variables(store)
+            return
+        count = len(store.keys())
+        if count < len(state):
+            raise ValueError(f"The saved optimizer state has {count} variables, fewer than the {len(state)} of the "
+                             f"reducer's state ({type(self._reducer).__name__}): it was saved with another reducer.")
+        inner = count - len(state)
+        self._load_inner_variables({str(j): store[str(j)] for j in range(inner)})
+        for k, variable in enumerate(state):
+            variable.assign(store[str(inner + k)])
+
+    def _save_inner_variables(self, store):
         if self._shard is None:
             self.inner_optimizer.save_own_variables(store)
             return
@@ -313,7 +337,7 @@ class DistributedOptimizer(keras.optimizers.Optimizer, metaclass=_Factory):
         for j, value in enumerate(values):
             store[str(j)] = value
 
-    def load_own_variables(self, store):
+    def _load_inner_variables(self, store):
         if self._shard is None:
             self.inner_optimizer.load_own_variables(store)
             return
@@ -419,7 +443,8 @@ class DistributedOptimizer(keras.optimizers.Optimizer, metaclass=_Factory):
             self._accumulators = [
                 self.add_variable_from_reference(v, name="gradient_accumulator") for v in var_list
             ]
-        self._reducer.build(var_list)
+        with tf.init_scope():  # the reducer's state variables are made outside a traced step
+            self._reducer.build(var_list)
         if self._shard is not None:
             self._build_sharded()
         elif not self.inner_optimizer.built:  # e.g. restored by load_model, then wrapped

@@ -146,3 +146,41 @@ def test_the_tape_reduces_through_the_allreduce_reducer(hvd, monkeypatch):
     grad = DistributedGradientTape(tape).gradient(loss, v)
     np.testing.assert_array_equal(grad.numpy(), [2.0, 4.0])
     assert len(seen) == 1 and seen[0].startswith("hvdkeras.tape")
+
+
+class Counting(AllreduceReducer):
+    """An allreduce that counts its reductions in a variable of its own: state saved with the optimizer."""
+
+    def build(self, variables):
+        self.steps = tf.Variable(0, dtype=tf.int64, trainable=False, name="reductions")
+
+    def reduce(self, grads, variables, name="hvdkeras.gradients"):
+        self.steps.assign_add(1)
+        return super().reduce(grads, variables, name=name)
+
+    def state(self):
+        return [self.steps]
+
+
+def test_a_reducers_state_is_saved_after_the_inner_optimizers_and_loads_back(hvd, tmp_path):
+    model = small_model()
+    model.compile(optimizer=DistributedOptimizer(keras.optimizers.Adam(0.01),
+                                                 reducer=Counting(ReductionOptions())), loss="mse")
+    x, y = np.ones((8, 3), "float32"), np.ones((8, 2), "float32")
+    model.fit(x, y, batch_size=4, epochs=1, verbose=0)
+    opt = model.optimizer
+    assert int(opt.reducer.steps.numpy()) == 2 and opt.variables[-1] is opt.reducer.steps
+    path = tmp_path / "weights.weights.h5"
+    model.save_weights(path)
+    inner_count = len(opt.inner_optimizer.variables)
+    # A fresh copy, trained one step so that everything is built, then loaded: the count and Adam's state return.
+    again = small_model()
+    again.compile(optimizer=DistributedOptimizer(keras.optimizers.Adam(0.01),
+                                                 reducer=Counting(ReductionOptions())), loss="mse")
+    again.fit(x[:4], y[:4], batch_size=4, epochs=1, verbose=0)
+    again.load_weights(path)
+    assert int(again.optimizer.reducer.steps.numpy()) == 2
+    for mine, theirs in zip(opt.inner_optimizer.variables, again.optimizer.inner_optimizer.variables[:inner_count]):
+        np.testing.assert_array_equal(mine.numpy(), theirs.numpy())
+    # The built-in reducers have no state: their files are what a plain Keras optimizer saves.
+    assert AllreduceReducer(ReductionOptions()).state() == [] and ReduceScatterReducer(ReductionOptions()).state() == []
