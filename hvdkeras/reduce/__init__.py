@@ -2,7 +2,9 @@
 
 - `AllreduceReducer` (allreduce.py): every worker gets every reduced gradient (the default);
 - `ReduceScatterReducer` (reduce_scatter.py): each worker gets and updates its own share, then the updated
-  variables are all-gathered (ZeRO; `shard_optimizer_state=True`).
+  variables are all-gathered (ZeRO; `shard_optimizer_state=True`);
+- `LocalSGDReducer` (local_sgd.py): post-local SGD, the exact allreduce for a warm-up, then local updates with
+  the variables averaged every `period` updates (for slow links).
 
 groups.py owns the buckets and groups of every reducer, options.py the options they read, context.py what
 they share about a reduction in progress. Plain TensorFlow: nothing here imports an optimizer.
@@ -14,6 +16,7 @@ from typing import Any, Callable
 
 from hvdkeras.reduce.allreduce import AllreduceReducer
 from hvdkeras.reduce.base import Reduced, Reducer
+from hvdkeras.reduce.local_sgd import LocalSGDReducer
 from hvdkeras.reduce.options import ReductionOptions
 from hvdkeras.reduce.reduce_scatter import ReduceScatterReducer
 
@@ -26,5 +29,5 @@ def make_reducer(options: ReductionOptions, local: Callable[[], Any] = frozenset
     return (ReduceScatterReducer if options.shard_optimizer_state else AllreduceReducer)(options, local)
 
 
-__all__ = ["AllreduceReducer", "BUILT_IN", "ReduceScatterReducer", "Reduced", "Reducer", "ReductionOptions",
-           "make_reducer"]
+__all__ = ["AllreduceReducer", "BUILT_IN", "LocalSGDReducer", "ReduceScatterReducer", "Reduced", "Reducer",
+           "ReductionOptions", "make_reducer"]

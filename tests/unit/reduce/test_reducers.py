@@ -184,3 +184,31 @@ def test_a_reducers_state_is_saved_after_the_inner_optimizers_and_loads_back(hvd
         np.testing.assert_array_equal(mine.numpy(), theirs.numpy())
     # The built-in reducers have no state: their files are what a plain Keras optimizer saves.
     assert AllreduceReducer(ReductionOptions()).state() == [] and ReduceScatterReducer(ReductionOptions()).state() == []
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    ({"period": 0}, "`period` must be an integer >= 1. Received: period=0"),
+    ({"period": 2.5}, "Received: period=2.5"),
+    ({"period": 2, "warmup_steps": -1}, "Received: warmup_steps=-1"),
+])
+def test_local_sgd_refuses_a_period_or_warmup_out_of_range(kwargs, match):
+    from hvdkeras.reduce import LocalSGDReducer
+
+    with pytest.raises(ValueError, match=match):
+        LocalSGDReducer(**kwargs)
+
+
+def test_local_sgd_on_one_worker_steps_alone_and_counts_its_updates(hvd):
+    from hvdkeras.reduce import LocalSGDReducer
+
+    reducer = LocalSGDReducer(period=2, warmup_steps=1)
+    assert repr(reducer) == "LocalSGDReducer(period=2, warmup_steps=1)" and reducer.state() == []
+    model = small_model()
+    variables = model.trainable_variables
+    before = [v.numpy().copy() for v in variables]
+    opt = DistributedOptimizer(keras.optimizers.SGD(0.5), reducer=reducer)
+    for _ in range(3):
+        opt.apply([tf.ones_like(v) for v in variables], variables)
+    assert int(reducer.steps.numpy()) == 3 and reducer.state() == [reducer.steps]
+    for v, b in zip(variables, before):  # one worker: its average is itself
+        np.testing.assert_allclose(v.numpy(), b - 3 * 0.5, rtol=1e-6)

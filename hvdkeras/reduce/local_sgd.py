@@ -1,0 +1,105 @@
+"""The post-local SGD reducer (Lin et al. 2018, "Don't use large mini-batches, use local SGD"; PyTorch's
+PostLocalSGDOptimizer with a PeriodicModelAverager): the exact allreduce for the first `warmup_steps` updates,
+then each worker updates its own copy from its own gradients, and every `period` updates the workers' variables
+are averaged. Between two averagings the copies differ; right after each one they are identical.
+
+On a slow link this sends the variables once every `period` updates instead of the gradients every update.
+With `period=1` and plain SGD it is the exact allreduce (averaging the variables after one local step of each
+worker from the same variables is averaging the gradients), to float tolerance.
+
+Its state, the count of updates, is a variable (`state()`), saved with the optimizer and restored with it. Only
+the variables the optimizer updates are averaged: a model's non-trainable state (BatchNormalization's moving
+statistics) stays each worker's.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Sequence
+
+import tensorflow as tf
+
+from hvdkeras import _collectives as C
+from hvdkeras._checks import check_int
+from hvdkeras.reduce.allreduce import reduce_gradients
+from hvdkeras.reduce.base import Reduced, Reducer
+from hvdkeras.reduce.groups import dense_groups
+from hvdkeras.reduce.options import ReductionOptions
+from hvdkeras.variables import var_id
+
+
+class LocalSGDReducer(Reducer):
+    """Exact for `warmup_steps` updates, then local updates with the variables averaged every `period` updates.
+
+    Args:
+        period: average the workers' variables every this many updates (an integer >= 1).
+        warmup_steps: updates with the exact allreduce of the gradients first (an integer >= 0).
+        options: the buckets, process set and compression of the exact reduction and of the averaging (default:
+            `ReductionOptions()`; a DistributedOptimizer's own options are not passed on).
+        local: a function returning the `var_id`s of variables every worker keeps its own of (never averaged).
+
+    Raises:
+        ValueError: `period` or `warmup_steps` is not an integer in range, naming what was received.
+
+    Example:
+        >>> opt = hvdkeras.DistributedOptimizer(keras.optimizers.SGD(0.1),
+        ...                                     reducer=hvdkeras.reduce.LocalSGDReducer(period=8, warmup_steps=100))
+    """
+
+    def __init__(self, period: int, warmup_steps: int = 0, options: ReductionOptions | None = None,
+                 local: Callable[[], Any] = frozenset):
+        self.period = check_int("period", period, 1)
+        self.warmup_steps = check_int("warmup_steps", warmup_steps, 0)
+        if options is not None and not isinstance(options, ReductionOptions):
+            raise TypeError(f"`options` must be a ReductionOptions or None. Received: options={options!r}")
+        self.options = options or ReductionOptions()
+        self._local = local
+        self.steps: tf.Variable | None = None
+
+    def __repr__(self) -> str:
+        return f"LocalSGDReducer(period={self.period}, warmup_steps={self.warmup_steps})"
+
+    def build(self, variables: Sequence[Any]) -> None:
+        if self.steps is None:
+            self.steps = tf.Variable(0, dtype=tf.int64, trainable=False, name="local_sgd_updates")
+
+    def state(self) -> list:
+        return [] if self.steps is None else [self.steps]
+
+    def reduce(self, grads: Sequence[Any], variables: Sequence[Any], name: str = "hvdkeras.gradients") -> Reduced:
+        variables = list(variables)
+        grads = list(grads)
+        if self.warmup_steps == 0:
+            return Reduced(grads, variables)
+        present = [i for i, g in enumerate(grads) if g is not None]
+        # Both branches as dense tensors of the same structure (a sparse gradient is densified).
+        dense = [tf.convert_to_tensor(grads[i]) for i in present]
+        local = self._local() or frozenset()
+
+        def exact():
+            return reduce_gradients(dense, [variables[i] for i in present], self.options, local, name=name)
+
+        chosen = tf.cond(self.steps < self.warmup_steps, exact, lambda: [tf.identity(g) for g in dense])
+        out: list = [None] * len(grads)
+        for i, g in zip(present, chosen if isinstance(chosen, (list, tuple)) else [chosen]):
+            out[i] = g
+        return Reduced(out, variables)
+
+    def after_apply(self, reduced: Reduced) -> None:
+        steps = self.steps.assign_add(1)
+        local = self._local() or frozenset()
+        shared = [v for v in reduced.variables if var_id(v) not in local]
+        if not shared:
+            return
+        sync = tf.logical_and(steps > self.warmup_steps, (steps - self.warmup_steps) % self.period == 0)
+
+        def average():
+            for k, group in enumerate(dense_groups(list(range(len(shared))), shared, self.options)):
+                values = [tf.convert_to_tensor(shared[i]) for i in group]
+                with tf.device(self.options.device_dense):
+                    averaged = C.grouped_allreduce(values, op=C.Average, name=f"hvdkeras.local_sgd.{k}",
+                                                   process_set=self.options.process_set)
+                for i, value in zip(group, averaged):
+                    shared[i].assign(value)
+            return tf.constant(True)
+
+        tf.cond(sync, average, lambda: tf.constant(False))
