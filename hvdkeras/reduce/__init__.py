@@ -4,7 +4,9 @@
 - `ReduceScatterReducer` (reduce_scatter.py): each worker gets and updates its own share, then the updated
   variables are all-gathered (ZeRO; `shard_optimizer_state=True`);
 - `LocalSGDReducer` (local_sgd.py): post-local SGD, the exact allreduce for a warm-up, then local updates with
-  the variables averaged every `period` updates (for slow links).
+  the variables averaged every `period` updates (for slow links);
+- `DiLoCoReducer` (diloco.py): `period` local steps of the inner optimizer, then an outer Nesterov-momentum SGD
+  step on the workers' average change (for slow links).
 
 groups.py owns the buckets and groups of every reducer, options.py the options they read, context.py what
 they share about a reduction in progress. Plain TensorFlow: nothing here imports an optimizer.
@@ -16,6 +18,7 @@ from typing import Any, Callable
 
 from hvdkeras.reduce.allreduce import AllreduceReducer
 from hvdkeras.reduce.base import Reduced, Reducer
+from hvdkeras.reduce.diloco import DiLoCoReducer
 from hvdkeras.reduce.local_sgd import LocalSGDReducer
 from hvdkeras.reduce.options import ReductionOptions
 from hvdkeras.reduce.reduce_scatter import ReduceScatterReducer
@@ -29,5 +32,5 @@ def make_reducer(options: ReductionOptions, local: Callable[[], Any] = frozenset
     return (ReduceScatterReducer if options.shard_optimizer_state else AllreduceReducer)(options, local)
 
 
-__all__ = ["AllreduceReducer", "BUILT_IN", "LocalSGDReducer", "ReduceScatterReducer", "Reduced", "Reducer",
-           "ReductionOptions", "make_reducer"]
+__all__ = ["AllreduceReducer", "BUILT_IN", "DiLoCoReducer", "LocalSGDReducer", "ReduceScatterReducer", "Reduced",
+           "Reducer", "ReductionOptions", "make_reducer"]

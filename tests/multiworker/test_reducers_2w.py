@@ -1,6 +1,8 @@
 """The reducers on 2 real Gloo workers, each on its own rows: post-local SGD (hvdkeras.reduce.LocalSGDReducer)
 equals the exact allreduce with period 1 and plain SGD, keeps the ranks apart between averagings and identical
-right after each, is exact during its warm-up, and saves its count of updates with the optimizer."""
+right after each, is exact during its warm-up, and saves its count of updates with the optimizer. DiLoCo
+(hvdkeras.reduce.DiLoCoReducer) with period 1, outer rate 1 and no momentum equals the exact allreduce too, and
+with its outer Nesterov SGD brings ranks that started apart to identical weights at each synchronisation."""
 
 SCENARIOS = ("reducers",)
 TOL = 1e-5
@@ -37,3 +39,16 @@ def test_local_sgd_saves_its_count_of_updates_with_the_optimizer(job):
     assert both(job, "saved_updates") == [6, 6] and both(job, "loaded_updates") == [6, 6]
     a, b = both(job, "fit_digest")
     assert a == b
+
+
+def test_diloco_with_period_1_outer_rate_1_and_no_momentum_is_the_exact_allreduce(job):
+    diffs = both(job, "diloco1_max_abs_diff")
+    print(f"DiLoCo, period 1, outer rate 1, momentum 0: max abs difference from the allreduce {max(diffs):.1e}")
+    assert max(diffs) <= TOL and all(identical(job, "diloco1_digests"))
+
+
+def test_diloco_synchronises_ranks_that_started_apart_every_period(job):
+    assert identical(job, "diloco3_digests") == [False, False, True, False, False, True]
+    a, b = both(job, "diloco3_anchor_digest")
+    assert a == b  # the anchor: the workers' average at the first update, then the outer steps, alike
+    assert both(job, "diloco3_state") == [1 + 2 * 4, 1 + 2 * 4]  # the count, then an anchor and a momentum per variable

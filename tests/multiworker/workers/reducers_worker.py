@@ -29,12 +29,14 @@ def my_rows(seed=3):
     return x[RANK::2], y[RANK::2]  # each worker its own, different rows
 
 
-def train(reducer, steps=STEPS, traced=True, optimizer=None):
-    """`steps` updates with the reducer (None: the default allreduce); the weights digest after each update."""
-    net = model()
+def train(reducer, steps=STEPS, traced=True, optimizer=None, broadcast=True):
+    """`steps` updates with the reducer (None: the default allreduce); the weights digest after each update.
+    Without `broadcast` each rank starts from weights of its own."""
+    net = model(seed=0 if broadcast else 10 + RANK)
     opt = hvd.DistributedOptimizer(optimizer or keras.optimizers.SGD(0.1), reducer=reducer)
     x, y = my_rows()
-    hvd.broadcast_variables(net.variables, root_rank=0)
+    if broadcast:
+        hvd.broadcast_variables(net.variables, root_rank=0)
 
     def step(xb, yb):
         with tf.GradientTape() as tape:
@@ -64,6 +66,17 @@ result["period3_updates"] = int(opt3.reducer.steps.numpy())
 # A warm-up of 2 exact updates, then period 2: identical after updates 1, 2 (exact), 4 and 6 (averaged).
 _, _, digests = train(hvd.reduce.LocalSGDReducer(period=2, warmup_steps=2))
 result["warmup_digests"] = digests
+# DiLoCo with period 1, outer rate 1 and no momentum: the plain average every update, so the exact allreduce.
+diloco, opt, digests = train(hvd.reduce.DiLoCoReducer(period=1, outer_learning_rate=1.0, outer_momentum=0.0))
+result["diloco1_max_abs_diff"] = max_abs_diff([v.numpy() for v in diloco.trainable_variables],
+                                              [v.numpy() for v in exact.trainable_variables])
+result["diloco1_digests"] = digests
+# The paper's outer optimizer, period 3, ranks that start from weights of their own (no broadcast): identical
+# right after each synchronisation (updates 3 and 6) only; the state has the anchors and momenta.
+_, opt, digests = train(hvd.reduce.DiLoCoReducer(period=3), optimizer=keras.optimizers.Adam(0.01), broadcast=False)
+result["diloco3_digests"] = digests
+result["diloco3_state"] = len(opt.reducer.state())
+result["diloco3_anchor_digest"] = weights_digest(opt.reducer.anchors)
 # The count of updates is saved with the optimizer and loaded back.
 net = model()
 net.compile(optimizer=hvd.DistributedOptimizer(keras.optimizers.SGD(0.1),

@@ -212,3 +212,30 @@ def test_local_sgd_on_one_worker_steps_alone_and_counts_its_updates(hvd):
     assert int(reducer.steps.numpy()) == 3 and reducer.state() == [reducer.steps]
     for v, b in zip(variables, before):  # one worker: its average is itself
         np.testing.assert_allclose(v.numpy(), b - 3 * 0.5, rtol=1e-6)
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    ({"period": 0}, "Received: period=0"),
+    ({"period": 2, "outer_learning_rate": 0}, "Received: outer_learning_rate=0"),
+    ({"period": 2, "outer_momentum": 1.0}, r"`outer_momentum` must be in \[0, 1\). Received: outer_momentum=1.0"),
+    ({"period": 2, "outer_momentum": -0.1}, "Received: outer_momentum=-0.1"),
+])
+def test_diloco_refuses_arguments_out_of_range(kwargs, match):
+    from hvdkeras.reduce import DiLoCoReducer
+
+    with pytest.raises(ValueError, match=match):
+        DiLoCoReducer(**kwargs)
+
+
+def test_diloco_on_one_worker_takes_the_outer_nesterov_step_from_its_anchor(hvd):
+    from hvdkeras.reduce import DiLoCoReducer
+
+    var = tf.Variable([1.0, 2.0])
+    reducer = DiLoCoReducer(period=2, outer_learning_rate=0.5, outer_momentum=0.9)
+    opt = DistributedOptimizer(keras.optimizers.SGD(1.0), reducer=reducer)
+    for _ in range(2):
+        opt.apply([tf.constant([1.0, 1.0])], [var])
+    # Anchor [1, 2]; after 2 inner steps [-1, 0]: delta 2; m = -0.5 * 2 = -1; anchor += 0.9 * -1 - 1 = -1.9.
+    np.testing.assert_allclose(var.numpy(), [1.0 - 1.9, 2.0 - 1.9], rtol=1e-6)
+    np.testing.assert_allclose(reducer.momenta[0].numpy(), [-1.0, -1.0], rtol=1e-6)
+    assert len(reducer.state()) == 3 and int(reducer.steps.numpy()) == 2
