@@ -37,10 +37,7 @@ import urllib.request
 import zipfile
 from pathlib import Path
 
-# scripts/gpu_build.py, beside this file, holds the one parser of nvcc's version.
-if str(Path(__file__).resolve().parent) not in sys.path:
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-import gpu_build  # noqa: E402
+import gpu_build  # beside this script: the one parser of nvcc's version
 
 RELEASE = "12.4.131"
 POOL = "pool/non-free/n/nvidia-cuda-toolkit/"  # under an archive's URI

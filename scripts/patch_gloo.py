@@ -18,15 +18,13 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+from source_patch import SourceChanged
+
 ALLTOALLV_HEAD = ("  for (int i = 1; i < worldSize; i++) {\n"
                   "    int sendRank = (myRank + i) % worldSize;\n"
                   "    int recvRank = (myRank + worldSize - i) % worldSize;\n")
 ALLTOALLV_SEND = "    in->send(\n        sendRank, slot, inOffsetPerRank[sendRank], inLengthPerRank[sendRank]);\n"
 ALLTOALLV_RECV = "    out->recv(\n        recvRank, slot, outOffsetPerRank[recvRank], outLengthPerRank[recvRank]);\n"
-
-
-class SourceChanged(ValueError):
-    pass
 
 
 def alltoallv(text: str) -> str:

@@ -15,7 +15,8 @@ Exits non-zero, naming the file, when the source is not the one this was written
 from __future__ import annotations
 
 import sys
-from pathlib import Path
+
+from source_patch import SourceChanged, patch_one_file
 
 CALL = "stream_executor::gpu::AsGpuStreamValue("
 INCLUDES_END = "#endif // TENSORFLOW_VERSION >= 2011000000\n"
@@ -25,10 +26,6 @@ static inline GpuStreamHandle HvdkerasGpuStream(stream_executor::Stream* stream)
   return static_cast<GpuStreamHandle>(stream->platform_specific_handle().stream);
 }
 """
-
-
-class SourceChanged(ValueError):
-    pass
 
 
 def patch(text: str) -> str:
@@ -41,17 +38,7 @@ def patch(text: str) -> str:
 
 
 def main(argv: list[str]) -> int:
-    if len(argv) != 1:
-        print("usage: patch_gpu_stream.py MPI_OPS_CC", file=sys.stderr)
-        return 2
-    source = Path(argv[0])
-    try:
-        patched = patch(source.read_text())
-    except (OSError, SourceChanged) as e:
-        print(f"patch_gpu_stream.py: {source}: {e}", file=sys.stderr)
-        return 1
-    source.write_text(patched)
-    return 0
+    return patch_one_file(argv, "patch_gpu_stream.py", "MPI_OPS_CC", patch)
 
 
 if __name__ == "__main__":

@@ -16,7 +16,8 @@ Exits non-zero, naming the file, when the source is not the one this was written
 from __future__ import annotations
 
 import sys
-from pathlib import Path
+
+from source_patch import SourceChanged, patch_one_file
 
 GUARD = """\
 _MPI_LIB_AVAILABLE = True
@@ -36,10 +37,6 @@ _MPI_LIB_AVAILABLE = True
 """
 
 
-class SourceChanged(ValueError):
-    pass
-
-
 def patch(text: str) -> str:
     """The guarded extension check becomes a plain one."""
     if text.count(GUARD) != 1:
@@ -48,17 +45,7 @@ def patch(text: str) -> str:
 
 
 def main(argv: list[str]) -> int:
-    if len(argv) != 1:
-        print("usage: patch_torch_init.py TORCH_INIT", file=sys.stderr)
-        return 2
-    source = Path(argv[0])
-    try:
-        patched = patch(source.read_text())
-    except (OSError, SourceChanged) as e:
-        print(f"patch_torch_init.py: {source}: {e}", file=sys.stderr)
-        return 1
-    source.write_text(patched)
-    return 0
+    return patch_one_file(argv, "patch_torch_init.py", "TORCH_INIT", patch)
 
 
 if __name__ == "__main__":

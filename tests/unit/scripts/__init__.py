@@ -1,4 +1,4 @@
-"""Unit tests of scripts/, each loaded by path (`load`), with no sys.path change."""
+"""Unit tests of scripts/, each loaded by path (`load`), with scripts/ on the path as when they run."""
 
 import importlib.util
 import sys
@@ -10,7 +10,10 @@ NCCL_H = "#define NCCL_MAJOR 2\n#define NCCL_MINOR 32\n#define NCCL_PATCH 3\n"
 
 
 def load(name: str):
-    """scripts/<name>.py as module `name` (registered, so that its dataclasses can look their module up)."""
+    """scripts/<name>.py as module `name` (registered, so that its dataclasses can look their module up). Its
+    imports of the scripts beside it resolve as when it runs as `python scripts/<name>.py`: scripts/ is on the path."""
+    if str(SCRIPTS) not in sys.path:
+        sys.path.append(str(SCRIPTS))
     if name in sys.modules:
         return sys.modules[name]
     spec = importlib.util.spec_from_file_location(name, SCRIPTS / f"{name}.py")
