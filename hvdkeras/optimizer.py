@@ -585,7 +585,6 @@ class DistributedOptimizer(keras.optimizers.Optimizer, metaclass=_Factory):
         return cls(inner, **config)
 
 
-
 # What help() and inspect show for `DistributedOptimizer(...)`: the constructor's parameters, not the factory's.
 _init = inspect.signature(DistributedOptimizer.__init__)
 DistributedOptimizer.__signature__ = _init.replace(parameters=list(_init.parameters.values())[1:])

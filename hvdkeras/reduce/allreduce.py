@@ -81,6 +81,19 @@ def reduce_gradients(grads: Sequence[Any], variables: Sequence[Any], options: Re
     return out
 
 
+def average_variables(variables: Sequence[Any], options: ReductionOptions, name: str) -> list:
+    """The workers' average of each variable's value, in one grouped allreduce per group of `dense_groups` (the
+    slow-link reducers' synchronisation). Returns the averages; assigns nothing."""
+    out: list = [None] * len(variables)
+    for k, group in enumerate(dense_groups(list(range(len(variables))), variables, options)):
+        with tf.device(options.device_dense):
+            averaged = C.grouped_allreduce([tf.convert_to_tensor(variables[i]) for i in group], op=C.Average,
+                                           name=f"{name}.{k}", process_set=options.process_set)
+        for i, value in zip(group, averaged):
+            out[i] = value
+    return out
+
+
 def scale_local(grad: Any, options: ReductionOptions) -> Any:
     """A local variable's gradient divided by the number of workers (`scale_local_gradients`)."""
     size = tf.cast(C.size_tensor(options.process_set), grad.dtype)

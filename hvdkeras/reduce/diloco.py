@@ -18,10 +18,9 @@ from typing import Any, Callable, Sequence
 
 import tensorflow as tf
 
-from hvdkeras import _collectives as C
 from hvdkeras._checks import check_int, check_number
+from hvdkeras.reduce.allreduce import average_variables
 from hvdkeras.reduce.base import Reduced, Reducer
-from hvdkeras.reduce.groups import dense_groups
 from hvdkeras.reduce.options import ReductionOptions
 from hvdkeras.variables import var_id
 
@@ -81,21 +80,11 @@ class DiLoCoReducer(Reducer):
     def state(self) -> list:
         return [] if self.steps is None else [self.steps, *self.anchors, *self.momenta]
 
-    def _averages(self, name: str) -> list:
-        """The workers' average of each shared variable, in grouped allreduces."""
-        out: list = [None] * len(self._shared)
-        for k, group in enumerate(dense_groups(list(range(len(self._shared))), self._shared, self.options)):
-            with tf.device(self.options.device_dense):
-                averaged = C.grouped_allreduce([tf.convert_to_tensor(self._shared[i]) for i in group], op=C.Average,
-                                               name=f"{name}.{k}", process_set=self.options.process_set)
-            for i, value in zip(group, averaged):
-                out[i] = value
-        return out
-
     def reduce(self, grads: Sequence[Any], variables: Sequence[Any], name: str = "hvdkeras.gradients") -> Reduced:
         if self._shared:
             def anchor():
-                for a, value in zip(self.anchors, self._averages("hvdkeras.diloco.anchor")):
+                for a, value in zip(self.anchors, average_variables(self._shared, self.options,
+                                                                    "hvdkeras.diloco.anchor")):
                     a.assign(value)
                 return tf.constant(True)
 
@@ -109,7 +98,8 @@ class DiLoCoReducer(Reducer):
         lr, mu = self.outer_learning_rate, self.outer_momentum
 
         def synchronise():
-            for v, a, m, average in zip(self._shared, self.anchors, self.momenta, self._averages("hvdkeras.diloco")):
+            averages = average_variables(self._shared, self.options, "hvdkeras.diloco")
+            for v, a, m, average in zip(self._shared, self.anchors, self.momenta, averages):
                 delta = tf.convert_to_tensor(a) - average  # the outer gradient: the average change, negated
                 velocity = m.assign(mu * m - lr * delta)
                 a.assign_add(mu * velocity - lr * delta if self.nesterov else velocity)

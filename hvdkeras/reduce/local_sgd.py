@@ -18,11 +18,9 @@ from typing import Any, Callable, Sequence
 
 import tensorflow as tf
 
-from hvdkeras import _collectives as C
 from hvdkeras._checks import check_int
-from hvdkeras.reduce.allreduce import reduce_gradients
+from hvdkeras.reduce.allreduce import average_variables, reduce_gradients
 from hvdkeras.reduce.base import Reduced, Reducer
-from hvdkeras.reduce.groups import dense_groups
 from hvdkeras.reduce.options import ReductionOptions
 from hvdkeras.variables import var_id
 
@@ -80,7 +78,7 @@ class LocalSGDReducer(Reducer):
 
         chosen = tf.cond(self.steps < self.warmup_steps, exact, lambda: [tf.identity(g) for g in dense])
         out: list = [None] * len(grads)
-        for i, g in zip(present, chosen if isinstance(chosen, (list, tuple)) else [chosen]):
+        for i, g in zip(present, chosen):
             out[i] = g
         return Reduced(out, variables)
 
@@ -93,13 +91,8 @@ class LocalSGDReducer(Reducer):
         sync = tf.logical_and(steps > self.warmup_steps, (steps - self.warmup_steps) % self.period == 0)
 
         def average():
-            for k, group in enumerate(dense_groups(list(range(len(shared))), shared, self.options)):
-                values = [tf.convert_to_tensor(shared[i]) for i in group]
-                with tf.device(self.options.device_dense):
-                    averaged = C.grouped_allreduce(values, op=C.Average, name=f"hvdkeras.local_sgd.{k}",
-                                                   process_set=self.options.process_set)
-                for i, value in zip(group, averaged):
-                    shared[i].assign(value)
+            for v, value in zip(shared, average_variables(shared, self.options, "hvdkeras.local_sgd")):
+                v.assign(value)
             return tf.constant(True)
 
         tf.cond(sync, average, lambda: tf.constant(False))
