@@ -13,7 +13,7 @@ import keras
 
 from hvdkeras import _collectives as C
 from hvdkeras import rank_zero, saving
-from hvdkeras.models import consolidate_optimizer_state, sharded_optimizers
+from hvdkeras.models import collective_optimizers, consolidate_optimizer_state
 
 from ._base import HvdCallback
 from .broadcast import broadcast_model
@@ -109,9 +109,10 @@ class ModelCheckpoint(_RankZeroHooks, keras.callbacks.ModelCheckpoint):
     """`keras.callbacks.ModelCheckpoint` that saves on rank 0 only (same arguments).
 
     Each file is written under a temporary name and renamed when complete: a crash during a save never
-    leaves a truncated checkpoint under the final name. With a sharded optimizer (shard_optimizer_state=True)
-    every worker runs the hooks that may save, and gathers the optimizer's state with the others before
-    rank 0 writes it; so every worker must have this callback.
+    leaves a truncated checkpoint under the final name. With a sharded optimizer (shard_optimizer_state=True), or
+    a reducer with state of each worker's own (PowerSGD's error feedback), every worker runs the hooks that may
+    save, and gathers the optimizer's state with the others before rank 0 writes it; so every worker must have
+    this callback.
     """
 
     def _save_model(self, epoch, batch, logs):
@@ -122,11 +123,11 @@ class ModelCheckpoint(_RankZeroHooks, keras.callbacks.ModelCheckpoint):
         return _alone_on_rank_zero(self._save_model, epoch, batch, logs)
 
 
-def _on_every_rank_when_sharded(name):
+def _on_every_rank_when_collective(name):
     gated = getattr(_RankZeroHooks, name)
 
     def hook(self, *args, **kwargs):
-        if sharded_optimizers(self.model):
+        if collective_optimizers(self.model):
             return getattr(keras.callbacks.ModelCheckpoint, name)(self, *args, **kwargs)
         return gated(self, *args, **kwargs)
 
@@ -135,7 +136,7 @@ def _on_every_rank_when_sharded(name):
 
 
 for _name in _CHECKPOINT_HOOKS:
-    setattr(ModelCheckpoint, _name, _on_every_rank_when_sharded(_name))
+    setattr(ModelCheckpoint, _name, _on_every_rank_when_collective(_name))
 
 
 class BestModelCheckpoint(ModelCheckpoint):
@@ -198,7 +199,7 @@ class BackupAndRestore(keras.callbacks.BackupAndRestore):
             epoch = C.broadcast_object(getattr(self.model, "_initial_epoch", None), root_rank=0)
             self.model._initial_epoch = epoch
             broadcast_model(self.model, 0)
-            for optimizer in sharded_optimizers(self.model).values():  # each worker's part of the restored state
+            for optimizer in collective_optimizers(self.model).values():  # each worker's part of the restored state
                 optimizer.share_loaded_state(0)
 
     def on_epoch_end(self, epoch, logs=None):

@@ -105,6 +105,11 @@ class TensorFlowKerasState(ObjectState):
             # The traced step holds the old owners: trace it again.
             self.model.train_function = None
         collectives.broadcast_variables(self.variables(), root_rank=0)
+        reducer = getattr(self.optimizer, "reducer", None)
+        synced = getattr(self, "_synced_size", None)
+        if reducer is not None and synced is not None and synced != C.size():
+            reducer.resized(synced, C.size())  # each worker's own state (PowerSGD's error feedback) is reset
+        self._synced_size = C.size()
         self._save_variables()
         super().sync()
 

@@ -52,7 +52,7 @@ from tensorflow.python.eager.polymorphic_function.polymorphic_function import Un
 
 from hvdkeras import _collectives as C
 from hvdkeras import collectives, data, metric_states, patches, rank_zero, script_writes, strategy_loops
-from hvdkeras.reduce import AllreduceReducer
+from hvdkeras.reduce import AllreduceReducer, PeriodicReducer, Reducer, from_spec
 from hvdkeras.reduce.context import in_xla_context, inside_reduction, is_reduced, mark_reduced, reducing
 from hvdkeras.reduce.options import ReductionOptions
 from hvdkeras.variables import NamesByIdentity, tf_variable, var_id
@@ -78,17 +78,22 @@ NOT_SPLIT = (
     "--no-shard.")
 
 
-def install(options: ReductionOptions | None = None, batch: str | None = None) -> bool:
+def install(options: ReductionOptions | None = None, batch: str | None = None, reducer: str = "allreduce") -> bool:
     """Makes every Keras optimizer's `apply` data-parallel in this process (see the module's docstring).
 
     Args:
         options: how the loops' gradients are reduced (default: DistributedOptimizer's defaults).
         batch: how the script's own iteration of a batched dataset is split: "global" (each worker its rows
             of every batch), "per-worker" (whole batches) or None (not split).
+        reducer: `--reducer`'s spec: each optimizer the script applies gets a reducer of its own made from it
+            (its state lives as long as the optimizer). The reduce-scatter shards model.fit's optimizer only:
+            a loop's optimizer keeps its whole state and reduces by the allreduce.
     """
     if batch not in ("global", "per-worker", None):
         raise ValueError(f"`batch` must be 'global', 'per-worker' or None. Received: batch={batch!r}")
-    _state.update(options=options or ReductionOptions(), split=batch, split_any=False, explicit=False)
+    from_spec(reducer)  # a bad spec fails now
+    _state.update(options=options or ReductionOptions(), split=batch, split_any=False, explicit=False,
+                  reducer=reducer)
     changes = [(owner, "apply", _data_parallel(vars(owner)["apply"]))
                for owner in (BaseOptimizer, keras.optimizers.LossScaleOptimizer)]
     changes.append((tf.data.Dataset, "__iter__", _split_iteration(vars(tf.data.Dataset)["__iter__"])))
@@ -294,12 +299,37 @@ def _data_parallel(keras_apply):
             if variables is None:  # Keras's own error: an unbuilt optimizer needs the variables
                 return keras_apply(optimizer, grads, trainable_variables)
             _sync_before_first_update(optimizer, variables)
-            reduced = AllreduceReducer(_options()).reduce(grads, variables, name=_name_for(optimizer)).grads
-            return keras_apply(optimizer, reduced, trainable_variables)
+            reducer = _reducer_for(optimizer, variables)
+            reduced = reducer.reduce(grads, variables, name=_name_for(optimizer))
+            result = keras_apply(optimizer, reduced.grads, trainable_variables)
+            reducer.after_apply(reduced)
+            return result
 
     apply.__wrapped__ = keras_apply
     apply.__doc__ = keras_apply.__doc__
     return apply
+
+
+def _reducer_for(optimizer: Any, variables: list) -> Reducer:
+    """The reducer of an optimizer the script applies: the allreduce, or (`--reducer`) one made for it at its first
+    update and kept with it. Inside strategy.run, whose replicas' gradients are summed, always the allreduce."""
+    spec = _state.get("reducer", "allreduce")
+    if spec == "allreduce" or strategy_loops.summing():
+        return AllreduceReducer(_options())
+    reducer = optimizer.__dict__.get("_hvdkeras_reducer")
+    if reducer is None:
+        made = from_spec(spec)
+        reducer = AllreduceReducer(_options()) if isinstance(made, str) else made
+        if not isinstance(made, str):
+            reducer.bind(_options())
+            if isinstance(reducer, PeriodicReducer):
+                log.info("hvdkeras: %r for the script's own loop: only the variables it updates are averaged; "
+                         "pass the model's non-trainable state to it (reducer.average_also) to average it too",
+                         reducer)
+        with tf.init_scope():
+            reducer.build(variables)
+        optimizer.__dict__["_hvdkeras_reducer"] = reducer
+    return reducer
 
 
 def _options() -> ReductionOptions:

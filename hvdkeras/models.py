@@ -1,4 +1,5 @@
-"""What hvdkeras needs to know about a Keras model: the optimizers it holds, and readying it for XLA."""
+"""What hvdkeras needs to know about a Keras model: the optimizers it holds, readying it for XLA, and its state a
+periodic reducer averages."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import keras
 
 from hvdkeras import xla
 from hvdkeras.optimizer import DistributedOptimizer
+from hvdkeras.reduce.periodic import PeriodicReducer
 
 log = logging.getLogger("hvdkeras")
 
@@ -32,11 +34,29 @@ def sharded_optimizers(model: Any) -> dict[str, Any]:
     return {name: o for name, o in held_optimizers(model).items() if isinstance(o, DistributedOptimizer) and o.sharded}
 
 
+def collective_optimizers(model: Any) -> dict[str, Any]:
+    """The model's optimizers whose checkpoints need every worker (`DistributedOptimizer.saves_collectively`: a
+    sharded state, or a reducer's state of each worker's own), by attribute (as `held_optimizers`)."""
+    return {name: o for name, o in held_optimizers(model).items()
+            if isinstance(o, DistributedOptimizer) and o.saves_collectively}
+
+
 def consolidate_optimizer_state(model: Any) -> None:
-    """Gathers each sharded optimizer's full state on every worker, so that rank 0 alone can save the model
-    next. Collective: every worker calls it (a no-op for a model without a sharded optimizer)."""
-    for optimizer in sharded_optimizers(model).values():
+    """Gathers each sharded optimizer's full state, and each worker's own reducer state, on every worker, so that
+    rank 0 alone can save the model next. Collective: every worker calls it (a no-op for a model without such
+    an optimizer)."""
+    for optimizer in collective_optimizers(model).values():
         optimizer.consolidate_state()
+
+
+def average_model_state(model: Any) -> None:
+    """Gives each of the model's optimizers whose reducer synchronises periodically (local SGD, DiLoCo) the model's
+    non-trainable variables (BatchNormalization's moving statistics), averaged at every synchronisation
+    (`PeriodicReducer.average_also`). Callbacks do it in `set_model`, the wrap in `compile`."""
+    for optimizer in held_optimizers(model).values():
+        reducer = getattr(optimizer, "reducer", None) if isinstance(optimizer, DistributedOptimizer) else None
+        if isinstance(reducer, PeriodicReducer) and reducer._also is None:
+            reducer.average_also(lambda: model.non_trainable_variables)
 
 
 _xla_warned = False

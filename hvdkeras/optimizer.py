@@ -275,9 +275,13 @@ class DistributedOptimizer(keras.optimizers.Optimizer, metaclass=_Factory):
         self._pass_counter = None
         # How the gradients are reduced; with shard_optimizer_state its `shard` says who owns which variable.
         self._reducer = reducer if isinstance(reducer, Reducer) else make_reducer(options, self._local_set)
+        if isinstance(reducer, Reducer):
+            reducer.bind(options, self._local_set)
         self._layout = None  # the unsharded optimizer's variable order, found when first saved or loaded
         self._gathered = None  # the full state gathered by consolidate_state, until the next save
         self._loaded = None  # the full state rank 0 alone loaded, until share_loaded_state
+        self._gathered_workers = None  # every worker's own reducer state, gathered by consolidate_state
+        self._loaded_workers = None  # every worker's own reducer state rank 0 alone loaded, until shared
         # Set by hvdkeras.xla for a model that keeps XLA: the inner optimizer's update, after the reduction, is
         # compiled with XLA as Keras's own compiled step compiles it (unsharded only: a sharded update holds
         # collectives, the all-reduced norm or finiteness check).
@@ -301,14 +305,21 @@ class DistributedOptimizer(keras.optimizers.Optimizer, metaclass=_Factory):
         # reducer's state, numbered after it (none for the built-in reducers, whose files are plain Keras's).
         # The accumulators are empty at every update (where checkpoints are taken) and start empty.
         self._save_inner_variables(store)
-        state = list(self._reducer.state())
+        state = self._extra_state()
         if state:
             first = len(store.keys())
+            own = {id(v) for v in self._worker_state()}
+            gathered, self._gathered_workers = self._gathered_workers, None
             for k, variable in enumerate(state):
-                store[str(first + k)] = variable.numpy()
+                if id(variable) not in own:
+                    store[str(first + k)] = variable.numpy()
+                elif gathered is not None:  # every worker's, stacked (consolidate_state)
+                    store[str(first + k)] = gathered[id(variable)]
+                else:  # a save without the others (no consolidate_state): this worker's alone
+                    store[str(first + k)] = variable.numpy()[None]
 
     def load_own_variables(self, store):
-        state = list(self._reducer.state())
+        state = self._extra_state()
         if not state:
             self._load_inner_variables(store)
             return
@@ -318,8 +329,42 @@ class DistributedOptimizer(keras.optimizers.Optimizer, metaclass=_Factory):
                              f"reducer's state ({type(self._reducer).__name__}): it was saved with another reducer.")
         inner = count - len(state)
         self._load_inner_variables({str(j): store[str(j)] for j in range(inner)})
+        own = {id(v) for v in self._worker_state()}
+        rank, size = (C.rank(), C.size()) if C.is_initialized() else (0, 1)
+        saved_sizes, rows = set(), []
         for k, variable in enumerate(state):
-            variable.assign(store[str(inner + k)])
+            value = np.asarray(store[str(inner + k)])
+            if id(variable) not in own:
+                variable.assign(value)
+                continue
+            # Every worker's value, stacked: this worker takes its own; rank 0 loading alone (a restored
+            # backup) keeps them all for share_loaded_state.
+            saved_sizes.add(value.shape[0])
+            if rank_zero.in_solo():
+                self._loaded_workers = dict(self._loaded_workers or {}, **{str(k): value})
+            if value.shape[0] == size or rank_zero.in_solo() and value.shape[0] > rank:
+                variable.assign(value[rank])
+                rows.append((variable, value[rank]))
+        self._own_rows_after_inner_load(rows)
+        for saved in saved_sizes - {size}:
+            if not rank_zero.in_solo():
+                self._reducer.resized(saved, size)
+
+    def _own_rows_after_inner_load(self, rows: list) -> None:
+        """Keras loads the inner optimizer's own file entry (rank 0's slots) after this optimizer's: a worker's own
+        slots, just assigned, are assigned again right after that load (once)."""
+        inner = self.inner_optimizer
+        mine = {id(v) for v in inner.variables}
+        if not any(id(v) in mine for v, _ in rows):
+            return
+
+        def load_then_own(store):
+            del inner.load_own_variables  # once: the class's method again
+            inner.load_own_variables(store)
+            for variable, row in rows:
+                variable.assign(row)
+
+        inner.load_own_variables = load_then_own
 
     def _save_inner_variables(self, store):
         if self._shard is None:
@@ -353,15 +398,39 @@ class DistributedOptimizer(keras.optimizers.Optimizer, metaclass=_Factory):
             self._loaded = [np.asarray(v) for v in values]
 
     def share_loaded_state(self, root_rank: int = 0) -> bool:
-        """Gives every worker its part of the state `root_rank` alone loaded (a restored backup). Collective.
+        """Gives every worker its part of the state `root_rank` alone loaded (a restored backup): its shard of
+        a sharded state, and its own of the reducer's state of each worker's own. Collective.
 
         Returns:
             Whether root_rank had loaded one (each worker then holds its part of it).
         """
-        if self._shard is None:
-            return False
-        values, self._loaded = self._loaded, None
-        return sharding.broadcast_state(self.inner_optimizer, self._state_layout(), self._shard, values, root_rank)
+        shared = False
+        if self._shard is not None:
+            values, self._loaded = self._loaded, None
+            shared = sharding.broadcast_state(self.inner_optimizer, self._state_layout(), self._shard, values,
+                                              root_rank)
+        if self._worker_state():
+            values, self._loaded_workers = self._loaded_workers, None
+            # A plain dict (an optimizer's attributes are tracked by Keras, in wrappers that do not pickle).
+            values = None if values is None else {str(k): np.asarray(v) for k, v in values.items()}
+            values = C.broadcast_object(values, root_rank=root_rank)
+            if values is not None:
+                self._take_own(values)
+                shared = True
+        return shared
+
+    def _take_own(self, values: dict) -> None:
+        """Each worker's own reducer state from every worker's, stacked (by the position in `state()`); reset
+        when they were saved by another number of workers."""
+        rank, size = C.rank(), C.size()
+        state = self._extra_state()
+        sizes = set()
+        for key, value in values.items():
+            sizes.add(value.shape[0])
+            if value.shape[0] == size:
+                state[int(key)].assign(value[rank])
+        for saved in sizes - {size}:
+            self._reducer.resized(saved, size)
 
     def scale_loss(self, loss):
         return self.inner_optimizer.scale_loss(loss)
@@ -403,6 +472,36 @@ class DistributedOptimizer(keras.optimizers.Optimizer, metaclass=_Factory):
         """
         if self._shard is not None:
             self._gathered = self.gather_state()
+        own = self._worker_state()
+        if own:
+            self._gathered_workers = {
+                id(v): C.allgather(tf.convert_to_tensor(v)[None], name=f"hvdkeras.reducer_state.{k}").numpy()
+                for k, v in enumerate(own)}
+
+    @property
+    def saves_collectively(self) -> bool:
+        """Whether a checkpoint of this optimizer needs every worker (consolidate_state before rank 0 saves,
+        share_loaded_state after rank 0 loads): its state is sharded, or its reducer keeps state of each
+        worker's own."""
+        return self._shard is not None or bool(self._worker_state())
+
+    def _local_slots(self) -> list:
+        """The inner optimizer's slots when each worker updates alone between synchronisations (local SGD,
+        DiLoCo): each worker's own, not averaged (its step count and learning rate are the same on all)."""
+        if not self._reducer.updates_locally:
+            return []
+        base = unwrap(self)
+        shared = {id(base.iterations), id(getattr(base, "_learning_rate", None))}
+        return [v for v in self.inner_optimizer.variables if id(v) not in shared]
+
+    def _extra_state(self) -> list:
+        """What a checkpoint holds after the inner optimizer's own variables: the reducer's state, then (for a
+        reducer that updates locally) every worker's copy of the inner optimizer's slots."""
+        return [*self._reducer.state(), *self._local_slots()]
+
+    def _worker_state(self) -> list:
+        """The saved variables whose values are each worker's own (saved stacked, one row per worker)."""
+        return [*self._reducer.worker_state(), *self._local_slots()]
 
     def shard_variables(self) -> list:
         """This worker's own slots, which differ between workers (sharded); empty when not sharded."""

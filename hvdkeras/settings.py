@@ -30,6 +30,52 @@ DEFAULT_BUCKET_BYTES = 64 << 10
 DEFAULT_RENDEZVOUS_TIMEOUT = 60.0
 # How a learning rate scales with the number of workers (hvdkeras.learning_rate.scale_factor).
 LR_SCALING_RULES = ("linear", "sqrt", "none")
+# The reducers `--reducer` names (hvdkeras.reduce), each with the options it takes there and their kinds: the
+# reducer's constructor arguments (a unit test keeps the two alike), given as NAME:KEY=VALUE,...
+REDUCER_OPTIONS: dict[str, dict[str, str]] = {
+    "allreduce": {},
+    "reduce_scatter": {},
+    "powersgd": {"rank": "int", "start_step": "int", "min_compression_rate": "number", "error_feedback": "bool",
+                 "warm_start": "bool", "seed": "int"},
+    "local_sgd": {"period": "int", "warmup_steps": "int"},
+    "diloco": {"period": "int", "outer_learning_rate": "number", "outer_momentum": "number", "nesterov": "bool"},
+}
+REDUCER_REQUIRED = {"local_sgd": ("period",), "diloco": ("period",)}
+
+
+def reducer_spec(text: str) -> tuple[str, dict[str, Any]]:
+    """`--reducer`'s value, NAME or NAME:KEY=VALUE,..., as (name, options); the values parsed by their kind.
+
+    Raises:
+        ValueError: an unknown name or option, a value of the wrong kind, or a required option missing, saying
+            what is expected (the caller adds what was received).
+    """
+    name, _, rest = text.strip().partition(":")
+    name = name.strip()
+    if name not in REDUCER_OPTIONS:
+        raise ValueError(f"names a reducer: one of {', '.join(REDUCER_OPTIONS)}")
+    kinds, options = REDUCER_OPTIONS[name], {}
+    for item in (i.strip() for i in rest.split(",") if i.strip()):
+        key, eq, raw = (part.strip() for part in item.partition("="))
+        if key not in kinds:
+            takes = ", ".join(kinds) if kinds else "no options"
+            raise ValueError(f"gives {name} an option it does not take ({key!r}); {name} takes {takes}")
+        if not eq or key in options:
+            raise ValueError(f"gives each option once, as KEY=VALUE (such as {name}:{next(iter(kinds))}=...)")
+        kind = kinds[key]
+        if kind == "bool":
+            value: Any = True if raw.lower() in _TRUE else False if raw.lower() in _FALSE else None
+        else:
+            value = _number(raw, integer=kind == "int")
+            value = None if value is None or isinstance(value, float) and not math.isfinite(value) else value
+        if value is None:
+            noun = {"int": "an integer", "number": "a finite number", "bool": "true or false"}[kind]
+            raise ValueError(f"gives {name}'s {key} {noun}")
+        options[key] = value
+    missing = [k for k in REDUCER_REQUIRED.get(name, ()) if k not in options]
+    if missing:
+        raise ValueError(f"gives {name} its {', '.join(missing)} (such as {name}:{missing[0]}=8)")
+    return name, options
 
 
 def _setting(default: Any, kind: str, doc: str, *, flag: bool = False, choices: tuple = (),
@@ -59,6 +105,10 @@ class Settings:
     shard_optimizer_state: bool = _setting(
         False, "bool", "shard the optimizer's state across the workers (ZeRO: each worker keeps the optimizer's "
         "slots for its own share of the variables; docs/sharding.md)", flag=True)
+    reducer: str = _setting(
+        "allreduce", "reducer", "how the gradients are reduced: allreduce, reduce_scatter (as "
+        "--shard-optimizer-state), powersgd, local_sgd or diloco, with options as NAME:KEY=VALUE,..., such as "
+        "powersgd:rank=4,start_step=100 or local_sgd:period=8 (docs/slow_links.md)", flag=True)
     xla: str = _setting(
         "keep", "choice", "keep: a model compiled with XLA (jit_compile) keeps it for its forward and backward "
         "pass, and its gradients are reduced outside (docs/gpu.md); off: XLA is turned off for the train step",
@@ -137,6 +187,8 @@ def what(field: dataclasses.Field) -> str:
     kind, low, high = meta["kind"], meta["minimum"], meta["maximum"]
     if kind == "str":
         return "text"
+    if kind == "reducer":
+        return "a reducer, NAME or NAME:KEY=VALUE,... (docs/slow_links.md)"
     if kind == "choice":
         return f"one of {', '.join(meta['choices'])}"
     if kind == "bool":
@@ -180,6 +232,8 @@ def _acceptable(field: dataclasses.Field, value: Any) -> bool:
         return value in meta["choices"]
     if kind == "str":
         return isinstance(value, str)
+    if kind == "reducer":
+        return isinstance(value, str) and _reducer_problem(value) is None
     if kind == "nice" and value == "none":
         return True
     if not isinstance(value, (int, float)) or isinstance(value, bool):
@@ -197,7 +251,7 @@ def parse(field: dataclasses.Field, raw: str, error: type[Exception] = ValueErro
         `error`: it does not parse, in the format "HVDKERAS_X must be WHAT. Received: HVDKERAS_X='raw'".
     """
     kind, text = field.metadata["kind"], raw.strip()
-    if kind in ("str", "choice"):
+    if kind in ("str", "choice", "reducer"):
         value: Any = text
     elif kind == "bool":
         value = True if text.lower() in _TRUE else False if text.lower() in _FALSE else None
@@ -207,8 +261,33 @@ def parse(field: dataclasses.Field, raw: str, error: type[Exception] = ValueErro
         value = _number(text, integer=kind in _INTEGER_KINDS)
     if value is None or not _acceptable(field, value):
         name = variable(field.name)
+        if kind == "reducer":
+            raise error(f"{name} must be {what(field)} that {_reducer_problem(text)}. Received: {name}={received(raw)}")
         raise error(f"{name} must be {what(field)}{_beyond(value)}. Received: {name}={received(raw)}")
     return value
+
+
+def check_reducer_with_sharding(reducer: str, shard_optimizer_state: bool, error: type[Exception] = ValueError) -> None:
+    """`--reducer` other than allreduce or reduce_scatter with `--shard-optimizer-state`: the reduce-scatter is
+    a reducer of its own, and the others update whole variables on every worker.
+
+    Raises:
+        `error`: naming both flags and what was received.
+    """
+    name = reducer_spec(reducer)[0]
+    if shard_optimizer_state and name not in ("allreduce", "reduce_scatter"):
+        raise error(f"--reducer {name} cannot be combined with --shard-optimizer-state (the reduce-scatter reducer, "
+                    f"ZeRO): {name} keeps the whole optimizer state on every worker. Pass one of them. Received: "
+                    f"--reducer {received(reducer)} --shard-optimizer-state")
+
+
+def _reducer_problem(text: str) -> str | None:
+    """What a `--reducer` value lacks, or None when it is one."""
+    try:
+        reducer_spec(text)
+    except ValueError as e:
+        return str(e)
+    return None
 
 
 def check_value(name: str, value: Any, error: type[Exception] = ValueError, flag: bool = False) -> Any:
@@ -224,6 +303,8 @@ def check_value(name: str, value: Any, error: type[Exception] = ValueError, flag
         if flag:
             shown = f"{value:g}" if isinstance(value, float) else value
             label = "--" + name.replace("_", "-")
+            if field.metadata["kind"] == "reducer" and isinstance(value, str):
+                raise error(f"{label} must be {what(field)} that {_reducer_problem(value)}. Received: {label} {shown}")
             raise error(f"{label} must be {what(field)}{_beyond(value)}. Received: {label} {shown}")
         raise error(f"`{name}` must be {what(field)}{_beyond(value)}. Received: {name}={received(value)}")
     return value

@@ -16,7 +16,7 @@ import tensorflow as tf
 
 from hvdkeras import _collectives as C
 from hvdkeras import compression as _compression
-from hvdkeras.reduce import AllreduceReducer
+from hvdkeras.reduce import AllreduceReducer, Reducer
 from hvdkeras.reduce.context import in_xla_context
 from hvdkeras.reduce.options import ReductionOptions
 from hvdkeras.variables import NamesByIdentity, var_id
@@ -39,12 +39,16 @@ class _DistributedGradientTape(tf.GradientTape):
     own tape does.
     """
 
-    def __init__(self, tape: tf.GradientTape, options: ReductionOptions, local_layers: list | None = None):
+    def __init__(self, tape: tf.GradientTape, options: ReductionOptions, local_layers: list | None = None,
+                 reducer: Reducer | None = None):
         # tf.GradientTape.__init__ is not called: this object records nothing itself, the wrapped tape does.
         self._hvd_tape = tape
         self._hvd_options = options
         self._hvd_local_sources: list = []
         self._hvd_local_layers = list(local_layers or [])
+        self._hvd_reducer = reducer or AllreduceReducer(options, lambda: self.local_sources)
+        if reducer is not None:
+            reducer.bind(options, lambda: self.local_sources)
 
     # ------------------------------------------------------------------------------ the wrapped tape's own
     def __enter__(self):
@@ -126,8 +130,7 @@ class _DistributedGradientTape(tf.GradientTape):
                                         unconnected_gradients=unconnected_gradients)
         flat_sources = tf.nest.flatten(sources)
         flat_grads = tf.nest.flatten(grads)
-        reducer = AllreduceReducer(self._hvd_options, lambda: self.local_sources)
-        reduced = reducer.reduce(flat_grads, flat_sources, name=_name_for(flat_sources))
+        reduced = self._hvd_reducer.reduce(flat_grads, flat_sources, name=_name_for(flat_sources))
         return tf.nest.pack_sequence_as(grads, reduced.grads)
 
 
@@ -145,6 +148,7 @@ def DistributedGradientTape(  # noqa: N802 - Horovod's name
     scale_local_gradients: bool = True,
     *,
     bucket_bytes: int | None = None,
+    reducer: Reducer | str | None = None,
 ) -> tf.GradientTape:
     """A tape whose `gradient()` averages the gradients across all workers (Horovod's DistributedGradientTape).
 
@@ -160,13 +164,20 @@ def DistributedGradientTape(  # noqa: N802 - Horovod's name
         groups, process_set, scale_local_gradients: as for `hvdkeras.DistributedOptimizer`.
         bucket_bytes: keyword only; as for `hvdkeras.DistributedOptimizer` (with `groups=None`, the dense
             gradients are reduced in buckets of about this many bytes, last layers first).
+        reducer: keyword only. How the gradients are reduced: None or "allreduce" (the default), or an
+            `hvdkeras.reduce.Reducer` whose work ends with the reduction, such as
+            `hvdkeras.reduce.PowerSGDReducer`. Make it once and pass the same one to each step's tape: it holds
+            the state carried from step to step (`reducer.state()`, for a tf.train.Checkpoint). A tape sees no
+            update, so reducers that act after it (local SGD, DiLoCo, the reduce-scatter) are refused: pass
+            them to `hvdkeras.DistributedOptimizer`.
 
     Returns:
         A `tf.GradientTape` (delegating to `gradtape`) with `register_local_source(source)`.
 
     Raises:
-        TypeError: `gradtape` is not a tf.GradientTape.
-        ValueError: an invalid option, or `gradtape` is already a DistributedGradientTape.
+        TypeError: `gradtape` is not a tf.GradientTape, or `reducer` is not a Reducer.
+        ValueError: an invalid option, `gradtape` is already a DistributedGradientTape, or `reducer` acts after
+            the update (naming it).
 
     Example:
         >>> with tf.GradientTape() as tape:
@@ -178,7 +189,7 @@ def DistributedGradientTape(  # noqa: N802 - Horovod's name
     return _make(gradtape, None, device_dense=device_dense, device_sparse=device_sparse, compression=compression,
                  sparse_as_dense=sparse_as_dense, op=op, gradient_predivide_factor=gradient_predivide_factor,
                  num_groups=num_groups, groups=groups, process_set=process_set,
-                 scale_local_gradients=scale_local_gradients, bucket_bytes=bucket_bytes)
+                 scale_local_gradients=scale_local_gradients, bucket_bytes=bucket_bytes, reducer=reducer)
 
 
 def PartialDistributedGradientTape(  # noqa: N802 - Horovod's name
@@ -196,6 +207,7 @@ def PartialDistributedGradientTape(  # noqa: N802 - Horovod's name
     scale_local_gradients: bool = True,
     *,
     bucket_bytes: int | None = None,
+    reducer: Reducer | str | None = None,
 ) -> tf.GradientTape:
     """A DistributedGradientTape whose `local_layers` keep their own weights on each worker (Horovod's).
 
@@ -220,10 +232,32 @@ def PartialDistributedGradientTape(  # noqa: N802 - Horovod's name
     return _make(gradtape, list(local_layers), device_dense=device_dense, device_sparse=device_sparse,
                  compression=compression, sparse_as_dense=sparse_as_dense, op=op,
                  gradient_predivide_factor=gradient_predivide_factor, num_groups=num_groups, groups=groups,
-                 process_set=process_set, scale_local_gradients=scale_local_gradients, bucket_bytes=bucket_bytes)
+                 process_set=process_set, scale_local_gradients=scale_local_gradients, bucket_bytes=bucket_bytes,
+                 reducer=reducer)
 
 
-def _make(gradtape: Any, local_layers: list | None, num_groups: int, groups: Any, **options: Any):
+def _tape_reducer(reducer: Any) -> Reducer | None:
+    """The tape's reducer: None for the allreduce (made per tape), or the Reducer given.
+
+    Raises:
+        TypeError: neither "allreduce", None nor a Reducer.
+        ValueError: a reducer that acts after the update, which a tape does not see.
+    """
+    if reducer is None or reducer == "allreduce":
+        return None
+    if not isinstance(reducer, Reducer):
+        raise TypeError(f"`reducer` must be None, 'allreduce' or an hvdkeras.reduce.Reducer (such as "
+                        f"PowerSGDReducer). Received: reducer={reducer!r}")
+    if reducer.updates_after_apply:
+        raise ValueError(
+            f"DistributedGradientTape cannot use {type(reducer).__name__}: it acts after the optimizer's update "
+            "(averaging or gathering the variables), which a tape does not see. Pass it to "
+            f"hvdkeras.DistributedOptimizer(..., reducer=...) instead. Received: reducer={reducer!r}")
+    return reducer
+
+
+def _make(gradtape: Any, local_layers: list | None, num_groups: int, groups: Any, reducer: Any = None,
+          **options: Any):
     if isinstance(gradtape, _DistributedGradientTape):
         raise ValueError(
             "`gradtape` is already a DistributedGradientTape; wrapping it twice would reduce every gradient "
@@ -232,5 +266,6 @@ def _make(gradtape: Any, local_layers: list | None, num_groups: int, groups: Any
         raise TypeError(
             "`gradtape` must be a tf.GradientTape, for example the `tape` of `with tf.GradientTape() as tape:`. "
             f"Received: gradtape={gradtape!r} of type {type(gradtape).__name__}")
+    chosen = _tape_reducer(reducer)
     return _DistributedGradientTape(gradtape, ReductionOptions.from_horovod(num_groups=num_groups, groups=groups,
-                                                                            **options), local_layers)
+                                                                            **options), local_layers, chosen)

@@ -48,8 +48,15 @@ from hvdkeras import (
 )
 from hvdkeras.compression import Compression
 from hvdkeras.learning_rate import as_float, scale_factor, scale_learning_rate
-from hvdkeras.models import consolidate_optimizer_state, held_optimizers, prepare_xla, sharded_optimizers
+from hvdkeras.models import (
+    average_model_state,
+    consolidate_optimizer_state,
+    held_optimizers,
+    prepare_xla,
+    sharded_optimizers,
+)
 from hvdkeras.optimizer import DistributedOptimizer, unwrap
+from hvdkeras.reduce import from_spec
 from hvdkeras.reduce.options import ReductionOptions
 
 log = logging.getLogger("hvdkeras")
@@ -58,6 +65,7 @@ class _OptionsChecks:
     def __post_init__(self):
         for field in dataclasses.fields(self):
             settings.check_value(field.name, getattr(self, field.name))
+        settings.check_reducer_with_sharding(self.reducer, self.shard_optimizer_state)
 
     @property
     def scaling_rule(self) -> str:
@@ -120,7 +128,7 @@ def install(options: Options | None = None) -> None:
     keras_output.install()
     strategy.install()
     loops.install(ReductionOptions(compression=Compression.fp16 if _opts().fp16_allreduce else Compression.none),
-                  batch=None if _opts().no_shard else _opts().batch)
+                  batch=None if _opts().no_shard else _opts().batch, reducer=_opts().reducer)
     script_writes.install(job_start=_job_start())
 
 
@@ -180,6 +188,7 @@ def _compile(original, model, optimizer="rmsprop", *args, **kwargs):
     result = original(model, optimizer, *args, **kwargs)
     if optimizer is not None:
         prepare_xla(model, keep=_opts().xla == "keep")
+        average_model_state(model)
     return result
 
 
@@ -211,6 +220,7 @@ def _distributed(model, optimizer, scale: bool = True, loss_scale: bool = True):
         # --backward-passes-per-step K: K batches make one step on a K times larger batch.
         average_aggregated_gradients=True,
         shard_optimizer_state=opts.shard_optimizer_state,
+        reducer=None if opts.shard_optimizer_state else from_spec(opts.reducer),
     )
     return optimizer, scaled
 
@@ -582,11 +592,13 @@ def weights_digest(arrays: Any) -> str:
 
 
 def _report(model) -> None:
-    """--report-dir: each worker writes rankN.json with its steps per fit, the digest of its final weights and
-    which of the model's optimizers shard their state, so a job's own CI can check that the workers stayed one
-    job without changing the script."""
+    """--report-dir: each worker writes rankN.json with its steps per fit, the digest of its final weights,
+    which of the model's optimizers shard their state and each one's reducer, so a job's own CI can check that
+    the workers stayed one job without changing the script."""
     sharded = list(sharded_optimizers(model))
+    reducers = {name: repr(o.reducer) for name, o in held_optimizers(model).items()
+                if isinstance(o, DistributedOptimizer)}
     saving.write_json_atomically(os.path.join(_opts().report_dir, f"rank{C.rank()}.json"),
                                  {"rank": C.rank(), "size": C.size(), "fit_steps": list(_state["fits"]),
                                   "weights_sha256": weights_digest(model.get_weights()),
-                                  "sharded_optimizers": sharded})
+                                  "sharded_optimizers": sharded, "reducers": reducers})

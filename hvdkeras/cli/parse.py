@@ -172,6 +172,9 @@ def validate(ns: argparse.Namespace, *, which: Callable[[str], str | None] = shu
         environ = settings.read(os.environ)
     except ValueError as err:
         raise UsageError(str(err)) from None
+    settings.check_reducer_with_sharding(environ.reducer if ns.reducer is None else ns.reducer,
+                                         bool(ns.shard_optimizer_state or environ.shard_optimizer_state),
+                                         error=UsageError)
     stall = environ.stall_timeout if ns.stall_timeout is None else ns.stall_timeout
     settings.check_value("stall_timeout", stall, error=UsageError, flag=True)
     if nodes is not None:

@@ -30,6 +30,9 @@ class AllreduceReducer(Reducer):
             at each reduction: layers may be built after the reducer is made).
     """
 
+    def __repr__(self) -> str:
+        return "AllreduceReducer()"
+
     def __init__(self, options: ReductionOptions, local: Callable[[], Any] = frozenset):
         self.options = options
         self._local = local

@@ -9,7 +9,9 @@ worker from the same anchor. With `outer_learning_rate=1` and `outer_momentum=0`
 average of the workers' variables (post-local SGD's).
 
 Its state, the count of updates, the anchors and the outer momentum, is variables (`state()`), saved with the
-optimizer and restored with it. Only the variables the optimizer updates take part.
+optimizer and restored with it. The variables the optimizer updates take the outer step; a model's
+non-trainable state (BatchNormalization's moving statistics: `average_also`, given by hvdkeras for a model
+compiled with the optimizer) is averaged plainly at each synchronisation.
 """
 
 from __future__ import annotations
@@ -20,12 +22,13 @@ import tensorflow as tf
 
 from hvdkeras._checks import check_int, check_number
 from hvdkeras.reduce.allreduce import average_variables
-from hvdkeras.reduce.base import Reduced, Reducer
+from hvdkeras.reduce.base import Reduced
 from hvdkeras.reduce.options import ReductionOptions
+from hvdkeras.reduce.periodic import PeriodicReducer
 from hvdkeras.variables import var_id
 
 
-class DiLoCoReducer(Reducer):
+class DiLoCoReducer(PeriodicReducer):
     """`period` local steps of the inner optimizer, then an outer Nesterov-momentum SGD step on the average change.
 
     Args:
@@ -33,8 +36,10 @@ class DiLoCoReducer(Reducer):
         outer_learning_rate: the outer SGD's learning rate (a number > 0; the paper's 0.7).
         outer_momentum: the outer SGD's momentum (in [0, 1); the paper's 0.9).
         nesterov: whether the outer momentum is Nesterov's (the paper's choice).
-        options: the buckets, process set and device of the averaging (default: `ReductionOptions()`).
-        local: a function returning the `var_id`s of variables every worker keeps its own of (never averaged).
+        options: the buckets, process set and device of the averaging (default: the DistributedOptimizer's own;
+            `ReductionOptions()` elsewhere). It averages: `op` must be Average.
+        local: a function returning the `var_id`s of variables every worker keeps its own of (never averaged;
+            default: the DistributedOptimizer's local variables).
 
     Raises:
         ValueError: an argument out of range, naming what was received.
@@ -45,7 +50,8 @@ class DiLoCoReducer(Reducer):
     """
 
     def __init__(self, period: int, outer_learning_rate: float = 0.7, outer_momentum: float = 0.9,
-                 nesterov: bool = True, options: ReductionOptions | None = None, local: Callable[[], Any] = frozenset):
+                 nesterov: bool = True, options: ReductionOptions | None = None,
+                 local: Callable[[], Any] | None = None):
         self.period = check_int("period", period, 1)
         self.outer_learning_rate = check_number("outer_learning_rate", outer_learning_rate, exclusive=True)
         momentum = check_number("outer_momentum", outer_momentum, 0.0)
@@ -53,10 +59,7 @@ class DiLoCoReducer(Reducer):
             raise ValueError(f"`outer_momentum` must be in [0, 1). Received: outer_momentum={outer_momentum!r}")
         self.outer_momentum = momentum
         self.nesterov = bool(nesterov)
-        if options is not None and not isinstance(options, ReductionOptions):
-            raise TypeError(f"`options` must be a ReductionOptions or None. Received: options={options!r}")
-        self.options = options or ReductionOptions()
-        self._local = local
+        self.bind_defaults(options, local)
         self.steps: tf.Variable | None = None
         self._shared: list = []
         self.anchors: list = []
@@ -93,7 +96,8 @@ class DiLoCoReducer(Reducer):
 
     def after_apply(self, reduced: Reduced) -> None:
         steps = self.steps.assign_add(1)
-        if not self._shared:
+        also = self.also_averaged(self._shared)
+        if not self._shared and not also:
             return
         lr, mu = self.outer_learning_rate, self.outer_momentum
 
@@ -104,6 +108,7 @@ class DiLoCoReducer(Reducer):
                 velocity = m.assign(mu * m - lr * delta)
                 a.assign_add(mu * velocity - lr * delta if self.nesterov else velocity)
                 v.assign(a)
+            self.average_into(also, "hvdkeras.diloco.also")
             return tf.constant(True)
 
         tf.cond(tf.equal(steps % self.period, 0), synchronise, lambda: tf.constant(False))

@@ -7,9 +7,9 @@ On a slow link this sends the variables once every `period` updates instead of t
 With `period=1` and plain SGD it is the exact allreduce (averaging the variables after one local step of each
 worker from the same variables is averaging the gradients), to float tolerance.
 
-Its state, the count of updates, is a variable (`state()`), saved with the optimizer and restored with it. Only
-the variables the optimizer updates are averaged: a model's non-trainable state (BatchNormalization's moving
-statistics) stays each worker's.
+Its state, the count of updates, is a variable (`state()`), saved with the optimizer and restored with it. The
+variables the optimizer updates are averaged, and with them a model's non-trainable state (BatchNormalization's
+moving statistics: `average_also`, given by hvdkeras for a model compiled with the optimizer).
 """
 
 from __future__ import annotations
@@ -19,21 +19,23 @@ from typing import Any, Callable, Sequence
 import tensorflow as tf
 
 from hvdkeras._checks import check_int
-from hvdkeras.reduce.allreduce import average_variables, reduce_gradients
-from hvdkeras.reduce.base import Reduced, Reducer
+from hvdkeras.reduce.allreduce import reduce_gradients
+from hvdkeras.reduce.base import Reduced
 from hvdkeras.reduce.options import ReductionOptions
+from hvdkeras.reduce.periodic import PeriodicReducer
 from hvdkeras.variables import var_id
 
 
-class LocalSGDReducer(Reducer):
+class LocalSGDReducer(PeriodicReducer):
     """Exact for `warmup_steps` updates, then local updates with the variables averaged every `period` updates.
 
     Args:
         period: average the workers' variables every this many updates (an integer >= 1).
         warmup_steps: updates with the exact allreduce of the gradients first (an integer >= 0).
         options: the buckets, process set and compression of the exact reduction and of the averaging (default:
-            `ReductionOptions()`; a DistributedOptimizer's own options are not passed on).
-        local: a function returning the `var_id`s of variables every worker keeps its own of (never averaged).
+            the DistributedOptimizer's own; `ReductionOptions()` elsewhere). It averages: `op` must be Average.
+        local: a function returning the `var_id`s of variables every worker keeps its own of (never averaged;
+            default: the DistributedOptimizer's local variables).
 
     Raises:
         ValueError: `period` or `warmup_steps` is not an integer in range, naming what was received.
@@ -44,13 +46,10 @@ class LocalSGDReducer(Reducer):
     """
 
     def __init__(self, period: int, warmup_steps: int = 0, options: ReductionOptions | None = None,
-                 local: Callable[[], Any] = frozenset):
+                 local: Callable[[], Any] | None = None):
         self.period = check_int("period", period, 1)
         self.warmup_steps = check_int("warmup_steps", warmup_steps, 0)
-        if options is not None and not isinstance(options, ReductionOptions):
-            raise TypeError(f"`options` must be a ReductionOptions or None. Received: options={options!r}")
-        self.options = options or ReductionOptions()
-        self._local = local
+        self.bind_defaults(options, local)
         self.steps: tf.Variable | None = None
 
     def __repr__(self) -> str:
@@ -86,13 +85,14 @@ class LocalSGDReducer(Reducer):
         steps = self.steps.assign_add(1)
         local = self._local() or frozenset()
         shared = [v for v in reduced.variables if var_id(v) not in local]
-        if not shared:
+        also = self.also_averaged(shared)
+        if not shared and not also:
             return
         sync = tf.logical_and(steps > self.warmup_steps, (steps - self.warmup_steps) % self.period == 0)
 
         def average():
-            for v, value in zip(shared, average_variables(shared, self.options, "hvdkeras.local_sgd")):
-                v.assign(value)
+            self.average_into(shared, "hvdkeras.local_sgd")
+            self.average_into(also, "hvdkeras.local_sgd.also")
             return tf.constant(True)
 
         tf.cond(sync, average, lambda: tf.constant(False))

@@ -242,6 +242,11 @@ class ReduceScatterReducer(Reducer):
         rank_and_size: this worker's rank and the job's size, when built (default: Horovod's).
     """
 
+    updates_after_apply = True
+
+    def __repr__(self) -> str:
+        return "ReduceScatterReducer()"
+
     def __init__(self, options: ReductionOptions, local: Callable[[], Any] = frozenset,
                  rank_and_size: Callable[[], tuple[int, int]] = _rank_and_size):
         self.options = options

@@ -52,3 +52,56 @@ def test_diloco_synchronises_ranks_that_started_apart_every_period(job):
     a, b = both(job, "diloco3_anchor_digest")
     assert a == b  # the anchor: the workers' average at the first update, then the outer steps, alike
     assert both(job, "diloco3_state") == [1 + 2 * 4, 1 + 2 * 4]  # the count, then an anchor and a momentum per variable
+
+
+def test_powersgd_with_a_rank_at_least_the_smaller_side_is_the_exact_allreduce(job):
+    diffs = both(job, "powersgd_full_max_abs_diff")
+    print(f"PowerSGD, rank >= each kernel's smaller side: max abs difference from the allreduce {max(diffs):.1e}")
+    assert max(diffs) <= TOL and all(identical(job, "powersgd_full_digests"))
+
+
+def test_powersgd_is_exact_before_its_start_step_and_keeps_the_ranks_identical(job):
+    exact, low = both(job, "exact_digests")[0], both(job, "powersgd_rank1_digests")[0]
+    assert low[:2] == exact[:2] and low[2] != exact[2]
+    assert all(identical(job, "powersgd_rank1_digests"))
+
+
+def test_powersgd_on_a_distributed_gradient_tape(job):
+    diffs = both(job, "tape_full_max_abs_diff")
+    print(f"PowerSGD on a tape, full rank: max abs difference from the allreduce {max(diffs):.1e}")
+    assert max(diffs) <= TOL and all(identical(job, "tape_full_digests"))
+    assert all(identical(job, "tape_rank1_digests"))
+    assert both(job, "tape_rank1_digests")[0] != both(job, "tape_full_digests")[0]
+
+
+def test_fp16_composes_with_powersgd(job):
+    assert all(identical(job, "powersgd_fp16_digests"))
+    a, _ = both(job, "powersgd_fp16_digests")
+    b, _ = both(job, "powersgd_rank1_digests")
+    assert a != b  # sent as float16: not the float32 run's bits
+    diffs = both(job, "powersgd_fp16_max_abs_diff")
+    print(f"PowerSGD rank 1 with fp16 against float32: max abs difference {max(diffs):.1e}")
+    assert max(diffs) <= 1e-2
+
+
+def test_each_reducer_resumes_from_a_checkpoint_or_a_backup_bit_for_bit(job):
+    for label in ("powersgd", "local_sgd", "diloco"):
+        for rank in (0, 1):
+            result = job.results[rank]
+            assert result[f"resume_{label}_whole"] == result[f"resume_{label}_resumed"], (label, rank)
+            assert result[f"resume_{label}_whole"] == result[f"backup_{label}_resumed"], (label, rank, "backup")
+    # PowerSGD's error feedback, and the momentum of local SGD's and DiLoCo's inner optimizer, are each worker's
+    # own: the checkpoint held both workers', and each rank took its own.
+    for label in ("powersgd", "local_sgd", "diloco"):
+        a, b = both(job, f"resume_{label}_own_state")
+        assert a != b, label
+
+
+def test_batch_norm_statistics_are_averaged_at_each_synchronisation(job):
+    for label in ("local_sgd", "diloco"):
+        a, b = both(job, f"bn_{label}_stats")
+        assert a == b, label
+        a, b = both(job, f"bn_{label}_weights")
+        assert a == b, label  # 6 updates, period 3: synchronised at the end
+        a, b = both(job, f"bn_{label}_loop_stats")
+        assert a != b, f"{label}: a loop that passes no model state keeps each worker's statistics"

@@ -38,11 +38,30 @@ def test_script_options_after_the_script_go_to_the_script():
         (("-np", "2", "--warmup-epochs", "1e30", "t.py"), {}, r"at most 2\*\*63 - 1. Received: --warmup-epochs 1e\+30"),
         (("-np", "2", "-H", "a:1," * 3000, "t.py"), {}, r"Received: -H 'a:1,a:1,.*\.\.\. \(12002 characters\)$"),
         (("-np", "2", "x" * 5000), {"isfile": lambda p: False}, r"Received: script='xxx.*\.\.\. \(5002 characters\)$"),
+        # --reducer: a name, its options, and combinations that cannot work
+        (("-np", "2", "--reducer", "topk", "t.py"), {},
+         r"--reducer must be a reducer, .* that names a reducer: one of allreduce, .*Received: --reducer topk"),
+        (("-np", "2", "--reducer", "powersgd:ranks=2", "t.py"), {},
+         r"does not take \('ranks'\); powersgd takes rank, start_step"),
+        (("-np", "2", "--reducer", "local_sgd", "t.py"), {}, r"gives local_sgd its period"),
+        (("-np", "2", "--reducer", "diloco:period=x", "t.py"), {}, r"gives diloco's period an integer"),
+        (("-np", "2", "--reducer", "powersgd:rank=2", "--shard-optimizer-state", "t.py"), {},
+         r"--reducer powersgd cannot be combined with --shard-optimizer-state"),
     ],
 )
 def test_validation_errors(argv, kwargs, match):
     with pytest.raises(cli.UsageError, match=match):
         config(*argv, **kwargs)
+
+
+def test_the_reducer_flag_is_forwarded_and_read_from_the_environment(monkeypatch):
+    cfg = config("-np", "2", "--reducer", "powersgd:rank=4,start_step=100", "t.py")
+    assert "--reducer" in cfg.forwarded and "powersgd:rank=4,start_step=100" in cfg.forwarded
+    monkeypatch.setenv("HVDKERAS_REDUCER", "local_sgd:period=8")
+    with pytest.raises(cli.UsageError, match="--reducer local_sgd cannot be combined"):
+        config("-np", "2", "--shard-optimizer-state", "t.py")
+    with pytest.raises(ValueError, match="--reducer diloco cannot be combined"):
+        wrap.Options(reducer="diloco:period=4", shard_optimizer_state=True)
 
 
 def test_main_exits_2_without_starting_anything(tmp_path, capsys):

@@ -239,3 +239,25 @@ def test_diloco_on_one_worker_takes_the_outer_nesterov_step_from_its_anchor(hvd)
     np.testing.assert_allclose(var.numpy(), [1.0 - 1.9, 2.0 - 1.9], rtol=1e-6)
     np.testing.assert_allclose(reducer.momenta[0].numpy(), [-1.0, -1.0], rtol=1e-6)
     assert len(reducer.state()) == 3 and int(reducer.steps.numpy()) == 2
+
+
+def test_autograph_converts_every_reducer_method_a_traced_step_calls(hvd, caplog):
+    # A method whose body is a docstring alone cannot be converted: AutoGraph then warns on every trace of a
+    # user's tf.function step.
+    import logging
+
+    from hvdkeras.reduce import DiLoCoReducer, LocalSGDReducer, PowerSGDReducer
+
+    for reducer in (None, PowerSGDReducer(start_step=0), LocalSGDReducer(2), DiLoCoReducer(2)):
+        model = small_model()
+        opt = DistributedOptimizer(keras.optimizers.SGD(0.1), reducer=reducer)
+
+        @tf.function
+        def step(x, model=model, opt=opt):
+            with tf.GradientTape() as tape:
+                loss = tf.reduce_sum(model(x))
+            opt.apply(tape.gradient(loss, model.trainable_variables), model.trainable_variables)
+
+        with caplog.at_level(logging.WARNING, logger="tensorflow"):
+            step(tf.ones((2, model.inputs[0].shape[-1])))
+    assert not [r for r in caplog.records if "AutoGraph could not transform" in r.getMessage()]
