@@ -21,7 +21,11 @@ def hvd():
 SECOND_LANE = (
     "tests/multiworker/test_corpus_2w.py",
     "tests/multiworker/test_examples_2w.py",
+    "tests/multiworker/test_faults_2w.py",
+    "tests/multiworker/test_loops_2w.py",
     "tests/multiworker/test_ray_2w.py",
+    "tests/multiworker/test_reducer_flags_2w.py",
+    "tests/multiworker/test_wrap_2w.py",
 )
 
 
