@@ -132,6 +132,10 @@ class Settings:
     job_id: str | None = _setting(
         None, "str", "the job's id, the same in every process: a worker of another job is never admitted")
     iface: str | None = _setting(None, "str", "the network interface Gloo uses (default: the one routing to rank 0)")
+    secret_file: str | None = _setting(
+        None, "str", "a file (mode 600) holding the job's shared secret, at least 32 bytes, the same for every "
+        "process: every request to hvdkeras's rendezvous is then signed with HMAC-SHA256, and unsigned, wrong or "
+        "replayed ones are refused (docs/security.md); `hvdkeras run --nnodes` makes one when unset")
     rendezvous_timeout: float = _setting(
         DEFAULT_RENDEZVOUS_TIMEOUT, "seconds", "the bound on forming the job, and on Horovod connecting it")
     stall_timeout: float = _setting(

@@ -15,11 +15,13 @@ import os
 import re
 import shutil
 import sys
+import tempfile
 from typing import Callable, Sequence
 
 from hvdkeras import settings
 from hvdkeras.cli.command import DEFAULT_MASTER_PORT, RunConfig, build_command, build_node_workers, find_horovodrun
 from hvdkeras.cli.supervise import stream, supervise
+from hvdkeras.job import auth
 from hvdkeras.settings import DEFAULT_STALL_TIMEOUT
 
 EXIT_USAGE = 2
@@ -222,6 +224,34 @@ def _validate_nodes(ns: argparse.Namespace) -> dict | None:
             "master_addr": ns.master_addr or "127.0.0.1", "master_port": port, "job_id": ns.job_id}
 
 
+def _run_node(config: RunConfig) -> int:
+    """This node's workers of the ssh-less form, with the job's secret: the one HVDKERAS_SECRET_FILE names
+    (checked first), else, for a job on this node alone, a new one in a private folder removed afterwards. A job
+    across nodes without one is told that its rendezvous takes unsigned requests."""
+    workers = build_node_workers(config)
+    given = os.environ.get(settings.variable("secret_file"), "").strip()
+    if given:
+        try:
+            auth.read_secret(given)
+        except auth.SecretError as err:
+            print(f"hvdkeras run: error: {err}", file=sys.stderr)
+            return EXIT_USAGE
+        return supervise(workers, startup_log=config.startup_log)
+    if config.nnodes > 1:
+        print("hvdkeras run: warning: the job's rendezvous takes unsigned requests: anyone who can reach "
+              f"{config.master_addr}:{config.master_port} and learns the job id can join it. Give every node the "
+              "same secret file, HVDKERAS_SECRET_FILE (docs/security.md).", file=sys.stderr)
+        return supervise(workers, startup_log=config.startup_log)
+    folder = tempfile.mkdtemp(prefix="hvdkeras-job-")  # mode 700
+    try:
+        path = auth.write_secret(folder)
+        for _, env in workers:
+            env[settings.variable("secret_file")] = path
+        return supervise(workers, startup_log=config.startup_log)
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     ns = parser.parse_args(argv)
@@ -235,7 +265,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"hvdkeras run: error: {err}", file=sys.stderr)
         return EXIT_USAGE
     if config.nnodes is not None:
-        return supervise(build_node_workers(config), startup_log=config.startup_log)
+        return _run_node(config)
     cmd, extra_env = build_command(config)
     env = dict(os.environ, **extra_env)
     # In elastic runs horovodrun numbers processes by slot, not by rank: do not name ranks from its output.

@@ -5,6 +5,7 @@ without the Horovod patch in scripts/install_horovod.sh (Horovod 0.28.1's proces
 ignores HOROVOD_GLOO_IFACE and binds to what the host name resolves to).
 """
 
+import json
 import os
 import sys
 import time
@@ -14,7 +15,7 @@ from jobcheck import SCRIPTS, check_two_workers, lines_by_rank, run_args, worker
 
 from netlab import POD0, LabHosts
 
-from launch import REPO, VENV_BIN, Started, require, run_command, show
+from launch import REPO, VENV_BIN, WORKERS, Started, require, run_command, show
 
 LAUNCH_TIMEOUT = 300
 HVDKERAS = str(VENV_BIN / "hvdkeras")
@@ -31,11 +32,38 @@ def node_command(hosts: LabHosts, node: int, args: list[str], port: int, *extra:
 
 @pytest.mark.parametrize("kind", SCRIPTS)
 def test_ssh_less_run_on_each_host_forms_one_job(hosts, tmp_path, kind):
+    """With "plain", the job has a secret (the same file on both hosts), and a process on the second host that
+    knows the job id and port but not the secret tries to register, read the table and stall the rendezvous
+    while the job forms: it is refused each time, the job forms and trains, and the secret appears in no
+    command line and no output."""
     port = 29610 + SCRIPTS.index(kind)
-    commands = [(node_command(hosts, n, run_args(kind, tmp_path, tmp_path / "model" / str(n)), port), {})
-                for n in (0, 1)]
-    results = Started(commands, tmp_path).wait(LAUNCH_TIMEOUT)
-    assert [r.returncode for r in results] == [0, 0], show(results)
+    extra, env, started, secret = (), {}, [], None
+    if kind == "plain":
+        secret = os.urandom(32).hex()
+        secret_file = tmp_path / "secret"
+        secret_file.write_text(secret)
+        secret_file.chmod(0o600)
+        extra, env = ("--job-id", "lab-job"), {"HVDKERAS_SECRET_FILE": str(secret_file)}
+        started = [(hosts.ns("hostb", sys.executable, str(WORKERS / "intruder.py"), hosts.addr["hosta"],
+                             str(port), "lab-job", str(tmp_path / "intruder.json"), "25"), {})]
+    commands = [(node_command(hosts, n, run_args(kind, tmp_path, tmp_path / "model" / str(n)), port, *extra), env)
+                for n in (0, 1)] + started
+    running = Started(commands, tmp_path)
+    seen = [] if secret is None else _command_lines_while(running, seconds=20)
+    results = running.wait(LAUNCH_TIMEOUT)
+    assert [r.returncode for r in results] == [0] * len(commands), show(results)
+    if secret is not None:
+        answers = json.loads((tmp_path / "intruder.json").read_text())
+        print("the intruder's answers:", {k: sorted(set(v)) if isinstance(v, list) else v for k, v in answers.items()})
+        assert answers["register"] and set(answers["register"]) == {401}, answers
+        assert answers["table"] and set(answers["table"]) == {401}, answers
+        assert set(answers["stall"]) <= {"400"}, answers
+        assert f"refused PUT '/hvdkeras/register' from {hosts.addr['hostb']}" in results[0].output
+        assert seen and not any(secret in line for line in seen), "the secret is on a command line"
+        outputs = "".join(r.output for r in results) + "".join(p.read_text(errors="replace")
+                                                               for p in tmp_path.rglob("*.log"))
+        assert secret not in outputs
+        results = results[:2]
     lines = {}
     for result in results:
         for rank, rank_lines in lines_by_rank(result.output, "horovodrun").items():
@@ -52,6 +80,18 @@ def test_ssh_less_run_on_each_host_forms_one_job(hosts, tmp_path, kind):
             assert reports[r]["horovod_threads_nice"] and set(reports[r]["horovod_threads_nice"]) == {-15}, reports[r]
             assert reports[r]["main_thread_nice"] == 0
     assert hosts.processes() == {"hosta": [], "hostb": []}
+
+
+def _command_lines_while(running, seconds: float) -> list[str]:
+    """Every process's command line on this machine, read every 0.5 s for `seconds` (or until `running` ends)."""
+    import psutil
+
+    seen, end = [], time.monotonic() + seconds
+    while time.monotonic() < end and any(p.poll() is None for p in running.procs):
+        for proc in psutil.process_iter(["cmdline"]):
+            seen.append(" ".join(proc.info["cmdline"] or []))
+        time.sleep(0.5)
+    return seen
 
 
 @pytest.mark.parametrize("kind", SCRIPTS)

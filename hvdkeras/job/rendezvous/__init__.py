@@ -1,7 +1,8 @@
 """Forming one Horovod job from a launcher's environment, where horovodrun did not set it up.
 
 Rank 0 hosts Horovod's own HTTP rendezvous (`registry`); every worker registers there and waits for the
-whole table (`client`). From the table every worker computes the same local and cross ranks (whatever the
+whole table (`client`), each request signed with the job's secret where HVDKERAS_SECRET_FILE gives one
+(`hvdkeras.job.auth`). From the table every worker computes the same local and cross ranks (whatever the
 launcher's task layout), sets Horovod's variables and lets `hvd.init()` form the job. Once formed, a
 failure that comes from a lost peer is explained by `diagnosis`. Every way this can fail raises its own
 `RendezvousError` subclass (`errors`) within HVDKERAS_RENDEZVOUS_TIMEOUT seconds (default 60).
@@ -18,11 +19,13 @@ import threading
 from typing import Mapping, MutableMapping
 
 from hvdkeras import settings
+from hvdkeras.job.auth import SecretError, Verifier, read_secret
 from hvdkeras.job.launchers import LaunchEnv
 from hvdkeras.job.rendezvous.client import interface_of, join, resolve, route_ip
 from hvdkeras.job.rendezvous.diagnosis import Probe, install_excepthook, restore_excepthook, unreachable_peers
 from hvdkeras.job.rendezvous.errors import (
     RendezvousAddressError,
+    RendezvousAuthError,
     RendezvousBindError,
     RendezvousConflictError,
     RendezvousConnectionError,
@@ -36,10 +39,11 @@ from hvdkeras.job.rendezvous.errors import (
 from hvdkeras.job.rendezvous.registry import Registry, Server, assign, host_slots
 
 __all__ = [
-    "Formed", "Probe", "Registry", "RendezvousAddressError", "RendezvousBindError", "RendezvousConflictError",
-    "RendezvousConnectionError", "RendezvousError", "RendezvousOtherJobError", "RendezvousPortInUseError",
-    "RendezvousProtocolError", "RendezvousSizeError", "RendezvousTimeoutError", "Server", "assign", "form",
-    "host_slots", "init_watchdog", "join", "rendezvous_timeout", "resolve", "stop", "unreachable_peers",
+    "Formed", "Probe", "Registry", "RendezvousAddressError", "RendezvousAuthError", "RendezvousBindError",
+    "RendezvousConflictError", "RendezvousConnectionError", "RendezvousError", "RendezvousOtherJobError",
+    "RendezvousPortInUseError", "RendezvousProtocolError", "RendezvousSizeError", "RendezvousTimeoutError",
+    "SecretError", "Server", "assign", "form", "host_slots", "init_watchdog", "join", "rendezvous_timeout",
+    "resolve", "stop", "unreachable_peers",
 ]
 
 def rendezvous_timeout(environ: Mapping[str, str]) -> float:
@@ -79,16 +83,18 @@ def form(env: LaunchEnv, environ: MutableMapping[str, str] | None = None) -> For
     ip = resolve(env.rendezvous_addr, env.addr_source)
     my_ip = route_ip(ip, env.rendezvous_port)
     iface = given.iface or interface_of(my_ip)
+    secret = read_secret(given.secret_file) if given.secret_file else None
     server, probe = None, None
     if env.rank == 0:
-        server = Server(ip, env.rendezvous_port, Registry(env.job_id, env.size, env.variables),
+        server = Server(ip, env.rendezvous_port,
+                        Registry(env.job_id, env.size, env.variables, verifier=secret and Verifier(secret)),
                         f"from {env.addr_source}")
     try:
         probe = Probe(my_ip)
         entry = {"job_id": env.job_id, "rank": env.rank, "size": env.size, "hostname": socket.gethostname(),
                  "host_key": my_ip, "ip": my_ip, "pid": os.getpid(), "probe_port": probe.port,
                  "variables": list(env.variables)}
-        peers = join(env, ip, entry, timeout)
+        peers = join(env, ip, entry, timeout, secret)
     except BaseException:
         if server is not None:
             server.stop()

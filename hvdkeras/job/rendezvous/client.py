@@ -11,9 +11,11 @@ import json
 import socket
 import time
 
+from hvdkeras.job.auth import sign
 from hvdkeras.job.launchers import LaunchEnv
 from hvdkeras.job.rendezvous.errors import (
     RendezvousAddressError,
+    RendezvousAuthError,
     RendezvousConflictError,
     RendezvousConnectionError,
     RendezvousOtherJobError,
@@ -58,11 +60,15 @@ def interface_of(ip: str) -> str:
                           "that reaches rank 0.")
 
 
-def _request(ip: str, port: int, method: str, path: str, payload: dict | None = None) -> tuple[int, dict]:
+def _request(ip: str, port: int, method: str, path: str, payload: dict | None = None,
+             secret: bytes | None = None) -> tuple[int, dict]:
     conn = http.client.HTTPConnection(ip, port, timeout=_REQUEST_TIMEOUT)
     try:
         body = None if payload is None else json.dumps(payload).encode()
-        conn.request(method, path, body=body, headers={"Content-Length": str(len(body or b""))})
+        headers = {"Content-Length": str(len(body or b""))}
+        if secret is not None:
+            headers.update(sign(secret, method, path, body or b""))
+        conn.request(method, path, body=body, headers=headers)
         response = conn.getresponse()
         data = response.read()
         return response.status, (json.loads(data) if data else {})
@@ -70,8 +76,9 @@ def _request(ip: str, port: int, method: str, path: str, payload: dict | None = 
         conn.close()
 
 
-def join(env: LaunchEnv, ip: str, entry: dict, timeout: float) -> dict[int, dict]:
-    """Registers this worker and waits for the complete table; raises RendezvousError on every failure."""
+def join(env: LaunchEnv, ip: str, entry: dict, timeout: float, secret: bytes | None = None) -> dict[int, dict]:
+    """Registers this worker and waits for the complete table (each request signed with `secret`, the job's,
+    where there is one); raises RendezvousError on every failure."""
     where = f"{env.rendezvous_addr}:{env.rendezvous_port}" + (f" ({ip})" if ip != env.rendezvous_addr else "")
     deadline = time.monotonic() + timeout
     last_error = None
@@ -80,7 +87,12 @@ def join(env: LaunchEnv, ip: str, entry: dict, timeout: float) -> dict[int, dict
     while time.monotonic() < deadline:
         try:
             if not registered:
-                status, reply = _request(ip, env.rendezvous_port, "PUT", f"/{SCOPE}/register", entry)
+                status, reply = _request(ip, env.rendezvous_port, "PUT", f"/{SCOPE}/register", entry, secret)
+                if status == 401:
+                    raise RendezvousAuthError(
+                        f"The rendezvous at {where} refused this worker's registration: {reply.get('message')}. "
+                        "Every process of the job must read the same secret (HVDKERAS_SECRET_FILE), and the "
+                        "hosts' clocks must agree within a minute.")
                 if status == 403 and reply.get("error") == "other-job":
                     raise RendezvousOtherJobError(
                         f"The rendezvous at {where} belongs to another job (job id {reply.get('job_id')!r}); this "
@@ -93,7 +105,7 @@ def join(env: LaunchEnv, ip: str, entry: dict, timeout: float) -> dict[int, dict
                     raise RendezvousProtocolError(f"The server at {where} is not a hvdkeras rendezvous (HTTP {status} "
                                           "to a registration).")
                 registered = True
-            status, table = _request(ip, env.rendezvous_port, "GET", f"/{SCOPE}/table")
+            status, table = _request(ip, env.rendezvous_port, "GET", f"/{SCOPE}/table", secret=secret)
             if table.get("conflict"):
                 raise RendezvousConflictError(f"Cannot form the job: {table['conflict']}. Every process must be told "
                                       "the same size.")

@@ -27,6 +27,10 @@ class RendezvousOtherJobError(RendezvousError):
     """The rendezvous on this port belongs to another job."""
 
 
+class RendezvousAuthError(RendezvousError):
+    """The rendezvous refused this worker's signature: another secret, or a clock too far off."""
+
+
 class RendezvousConflictError(RendezvousError):
     """The ranks disagree: two processes claim one rank, or the ranks were told different sizes."""
 

@@ -4,7 +4,9 @@ The server is Horovod's own RendezvousHTTPServer, bound to the address the worke
 interface), for as long as rank 0's process runs. Before Horovod starts, every worker registers with its
 job id, rank, size and host; the registry admits only workers of this job, refuses a second claim on a
 rank and a size that differs from rank 0's, and answers Horovod's own requests only from the hosts of
-admitted workers, once all ranks are in.
+admitted workers, once all ranks are in. With the job's secret (hvdkeras.job.auth) the registration and the table
+answer signed requests only; Horovod's own key-value requests (Gloo's C++ store, which cannot sign) keep the
+admission by host.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import threading
 from typing import Any, Mapping
 
 from hvdkeras import _collectives as C
+from hvdkeras.job.auth import Verifier
 from hvdkeras.job.rendezvous.errors import RendezvousBindError, RendezvousPortInUseError
 from hvdkeras.settings import received
 
@@ -94,8 +97,10 @@ def host_slots(entries: Mapping[int, Mapping[str, Any]]) -> list[tuple[str, int]
 class Registry:
     """Rank 0's record of the workers of its job (the server side of the handshake)."""
 
-    def __init__(self, job_id: str, size: int, variables: tuple[str, ...], on_complete=None):
+    def __init__(self, job_id: str, size: int, variables: tuple[str, ...], on_complete=None,
+                 verifier: Verifier | None = None):
         self.job_id = job_id
+        self.verifier = verifier  # with the job's secret: every request to our endpoints is signed
         self.size = size
         self.variables = variables
         self.entries: dict[int, dict] = {}
@@ -166,6 +171,18 @@ def _handler_class(base):
             self.close_connection = True
             self._reply(status, {"error": "bad-request", "message": message})
 
+        def _unsigned(self, body: bytes = b"") -> bool:
+            """With the job's secret: refuses (401, logged with the peer's address) a request whose signature is
+            missing, wrong, out of its time window or replayed."""
+            verifier = self.server.registry.verifier
+            if verifier is None:
+                return False
+            why = verifier.refusal(self.command, self.path, self.headers, body)
+            if why is None:
+                return False
+            self._refuse(401, f"not authenticated: {why}")
+            return True
+
         def _refused(self) -> bool:
             if self.server.registry.admits(self.client_address[0]):
                 return False
@@ -210,6 +227,8 @@ def _handler_class(base):
             try:
                 if scope == SCOPE and key == "register":
                     data = self._body(MAX_REGISTRATION_BYTES)
+                    if self._unsigned(data):
+                        return
                     try:
                         entry = json.loads(data)
                     except ValueError as err:
@@ -226,7 +245,8 @@ def _handler_class(base):
         def do_GET(self):
             scope, key = self._split()
             if scope == SCOPE and key == "table":
-                self._reply(200, self.server.registry.table())
+                if not self._unsigned():
+                    self._reply(200, self.server.registry.table())
             elif not self._refused():
                 super().do_GET()
 
