@@ -19,9 +19,9 @@ Example:
 from hvdkeras._compat import is_version_greater_equal_than
 
 from .broadcast import BroadcastGlobalVariablesCallback
-from .learning_rate import LearningRateScheduleCallback, LearningRateWarmupCallback
 from .metrics import MetricAverageCallback
-from .rank_zero import (
+from .schedules import LearningRateScheduleCallback, LearningRateWarmupCallback
+from .writers import (
     BackupAndRestore,
     BestModelCheckpoint,
     CSVLogger,

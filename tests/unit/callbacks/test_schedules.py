@@ -1,4 +1,4 @@
-"""hvdkeras.callbacks.learning_rate: the schedule and warm-up callbacks in one process."""
+"""hvdkeras.callbacks.schedules: the schedule and warm-up callbacks in one process."""
 
 import keras
 import numpy as np

@@ -1,4 +1,4 @@
-"""hvdkeras.callbacks.rank_zero: callbacks gated on rank 0 (a faked rank), progress bars, checkpoints and backups."""
+"""hvdkeras.callbacks.writers: callbacks gated on rank 0 (a faked rank), progress bars, checkpoints and backups."""
 
 import os
 
@@ -94,7 +94,7 @@ def test_a_backup_cut_short_resumes_from_one_whole_backup(hvd, tmp_path, monkeyp
     # A crash between Keras's two files must never give the weights of one epoch with the epoch of another
     # (the resume would train an epoch twice): it resumes from the last backup (before the commit) or from the
     # new one (after it), whole.
-    from callbacks import rank_zero as rz
+    from callbacks import writers as rz
 
     def model_at(epochs):
         keras.utils.set_random_seed(0)
