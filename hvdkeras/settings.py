@@ -150,10 +150,24 @@ class Settings:
     # ---- checks
     check_models: bool = _setting(
         True, "bool", "compare the workers' models (names, shapes, dtypes, then values) before broadcasts")
+    # ---- installing
+    cache_dir: str | None = _setting(
+        None, "str", "where `make install` and `make gpu-build` cache Horovod's wheels and the CUDA tools "
+        "(default: $XDG_CACHE_HOME/hvdkeras, else ~/.cache/hvdkeras; scripts/install_horovod.sh, "
+        "scripts/cuda_toolkit.py)")
     # ---- output
     tf_startup_log: bool = _setting(
         False, "bool", "show TensorFlow's C++ start-up lines (absl's notice before InitializeLog, the oneDNN and "
         "CPU-feature lines), which `hvdkeras run` and `make demo` leave out of the job's output")
+
+
+def cache_dir(environ: Mapping[str, str] | None = None) -> str:
+    """The install scripts' cache: HVDKERAS_CACHE_DIR, else $XDG_CACHE_HOME/hvdkeras, else ~/.cache/hvdkeras."""
+    environ = os.environ if environ is None else environ
+    given = read(environ).cache_dir
+    if given:
+        return given
+    return os.path.join(environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "hvdkeras")
 
 
 def horovod_stall_environ(stall: float, end_hangs: bool = False) -> dict[str, str]:

@@ -313,8 +313,8 @@ def main(argv: list[str]) -> int:
                         "from (default: each archive of the apt sources in turn)")
     args = parser.parse_args(argv)
     python = args.python
-    cache = Path(os.environ.get("HVDKERAS_CACHE_DIR")
-                 or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "hvdkeras")
+    cache = Path(subprocess.run([python, "-c", "from hvdkeras import settings; print(settings.cache_dir())"],
+                                capture_output=True, text=True, check=True).stdout.strip())
     venv = Path(subprocess.run([python, "-c", "import sys; print(sys.prefix)"], capture_output=True, text=True,
                                check=True).stdout.strip())
     try:

@@ -109,6 +109,14 @@ def test_the_table_is_the_one_list_of_variables_the_package_names():
     assert names - {"HVDKERAS_X"} <= table, names - table  # HVDKERAS_X: the error format in docstrings
 
 
+def test_the_install_cache_is_a_setting_with_the_scripts_default(tmp_path):
+    assert settings.cache_dir({"HVDKERAS_CACHE_DIR": str(tmp_path)}) == str(tmp_path)
+    assert settings.cache_dir({"XDG_CACHE_HOME": "/x"}) == "/x/hvdkeras"
+    script = (ROOT / "scripts" / "install_horovod.sh").read_text()
+    assert "${HVDKERAS_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/hvdkeras}" in script  # the same default
+    assert "HVDKERAS_CACHE_DIR" not in (ROOT / "scripts" / "cuda_toolkit.py").read_text().split('"""', 2)[2]
+
+
 def test_flags_and_wrap_options_are_derived_from_the_training_settings():
     from hvdkeras import wrap
     from hvdkeras.cli import parse as cli
