@@ -17,7 +17,7 @@ PYTEST_ARGS ?=
 LAB_PTH = -c "import site, sys; open(site.getsitepackages()[0] + '/hvdkeras-lab.pth', 'w').write(sys.argv[1] + '\n')" "$(CURDIR)/lab"
 NETBENCH_ARGS ?=
 
-.PHONY: install lab test test-fast demo bench netbench batchbench shardbench xlabench loopbench killtrials horovod-examples gpu-build lint clean
+.PHONY: install lab test test-fast demo bench netbench batchbench shardbench xlabench loopbench slowbench killtrials horovod-examples gpu-build lint clean
 
 install: $(STAMP)
 
@@ -87,6 +87,11 @@ xlabench: install lab
 # workers here and on the two test hosts at 200 Mbit/s (needs root); writes docs/loop_benchmark.json.
 loopbench: install lab
 	$(PY) benchmarks/loop_benchmark.py --out docs
+
+# Time to accuracy on the two test hosts at 50 and 10 Mbit/s (needs root): the exact allreduce, fp16, PowerSGD at
+# ranks 1 and 4, post-local SGD and DiLoCo at two periods each; writes docs/slowlink_benchmark.{json,png}.
+slowbench: install lab
+	$(PY) benchmarks/slowlink_benchmark.py --out docs
 
 # Horovod's own TF2 examples (its MNIST and synthetic-benchmark scripts), their one import line changed, on 2 workers
 # by horovodrun and by `hvdkeras run`: each trains one model. HOROVOD_EXAMPLES is the examples/tensorflow2 folder

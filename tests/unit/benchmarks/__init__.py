@@ -11,7 +11,8 @@ def load(name: str):
     """benchmarks/<name>.py as module `name`; the benchmark modules it imports by name are loaded first."""
     if name in sys.modules:
         return sys.modules[name]
-    needs = {"step_timeline": ["network_benchmark"], "net_worker": ["peer_loops"]}.get(name, [])
+    needs = {"step_timeline": ["network_benchmark"], "slowlink_benchmark": ["network_benchmark"],
+             "net_worker": ["peer_loops"]}.get(name, [])
     for other in needs:
         load(other)
     spec = importlib.util.spec_from_file_location(name, BENCHMARKS / f"{name}.py")
