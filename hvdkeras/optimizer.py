@@ -351,9 +351,9 @@ class DistributedOptimizer(keras.optimizers.Optimizer, metaclass=_Factory):
                 self._reducer.resized(saved, size)
 
     def _own_rows_after_inner_load(self, rows: list) -> None:
-        """Keras loads the inner optimizer's own file entry (rank 0's slots) after this optimizer's: a worker's own
-        slots, just assigned, are assigned again right after that load (once)."""
-        inner = self.inner_optimizer
+        """Keras loads the wrapped optimizers' own file entries (rank 0's slots) after this optimizer's, the
+        innermost last: a worker's own slots, just assigned, are assigned again right after that load (once)."""
+        inner = unwrap(self)  # under a LossScaleOptimizer, the optimizer that owns the slots
         mine = {id(v) for v in inner.variables}
         if not any(id(v) in mine for v, _ in rows):
             return

@@ -310,3 +310,41 @@ def test_the_first_p_allreduce_can_start_before_the_rest_of_the_backward_pass_ex
     assert [t.shape for t in sent["hvdkeras.gradients.powersgd.p.0"]] == [(16, 1), (8, 1)]
     assert first_kernel_grad["op"] not in ancestors(sent["hvdkeras.gradients.powersgd.p.0"])
     assert first_kernel_grad["op"] in ancestors(sent["hvdkeras.gradients.powersgd.p.1"])
+
+
+@pytest.mark.parametrize("mixed", [False, True])
+def test_each_worker_loads_its_own_slots_after_keras_loads_the_inner_optimizers(hvd, tmp_path, fake_seam, mixed):
+    # Under local SGD each worker's momentum is its own: a checkpoint holds every worker's, stacked, and rank 1
+    # takes row 1, also where Keras loads the inner optimizer's (and a LossScaleOptimizer's) entries after it.
+    import h5py
+
+    policy = keras.config.dtype_policy()
+    keras.config.set_dtype_policy("mixed_float16" if mixed else "float32")
+    try:
+        model = dense_stack()
+        model.compile(optimizer=DistributedOptimizer(keras.optimizers.SGD(0.1, momentum=0.9),
+                                                     reducer=LocalSGDReducer(2)), loss="mse")
+        x = np.ones((8, 6), "float32")
+        model.fit(x, np.ones((8, 5), "float32"), batch_size=8, verbose=0)
+        path = str(tmp_path / "m.weights.h5")
+        model.save_weights(path)
+        slots = model.optimizer._local_slots()
+        shapes = {tuple(v.shape) for v in slots}
+        replaced = 0
+        with h5py.File(path, "r+") as f:  # rank 1's row added to each stacked slot: 7 everywhere
+            group = f["optimizer"]["vars"]
+            for k in list(group):
+                if group[k].ndim >= 2 and group[k].shape[0] == 1 and tuple(group[k].shape[1:]) in shapes:
+                    rows = np.stack([group[k][0], np.full(group[k].shape[1:], 7.0, group[k].dtype)])
+                    del group[k]
+                    group[k] = rows
+                    replaced += 1
+        assert replaced == 4  # the momentum of two kernels and two biases
+        fake_seam.set(size=2, rank=1)
+        model.load_weights(path)
+        from hvdkeras.optimizer import unwrap
+
+        momenta = [v for v in unwrap(model.optimizer).variables if "momentum" in v.name]
+        assert momenta and all(np.all(v.numpy() == 7.0) for v in momenta), [v.numpy() for v in momenta]
+    finally:
+        keras.config.set_dtype_policy(policy)
