@@ -111,21 +111,17 @@ def test_gradients_are_reduced_in_buckets_in_backward_order(monkeypatch, fake_se
     assert DistributedOptimizer.from_config(opt.get_config()).bucket_bytes == 1
 
 
-@pytest.mark.parametrize("bucket_bytes", [130, 0])
-def test_a_bucket_can_start_before_the_rest_of_the_backward_pass_exists(monkeypatch, bucket_bytes, fake_seam):
-    """The overlap is structural: in the traced train step, the last layer's bucket depends on none of the
-    first layer's gradient ops, so the runtime can send it while it still computes them."""
-    sent = {}
+def traced_step(model, opt, fake_seam, size=None):
+    """Traces (never runs) a train step of `model` (stack()'s shapes) with `opt`, the seam recording each grouped
+    allreduce's tensors by name; returns them and the name of the first kernel's gradient op."""
+    sent, first_kernel_grad = {}, {}
 
     def grouped_allreduce(tensors, name=None, **kwargs):  # noqa: ARG001
         sent[name] = list(tensors)
         return [tf.identity(t) for t in tensors]
 
-    fake_seam.set(grouped_allreduce=grouped_allreduce)
-    model = stack()
-    opt = DistributedOptimizer(keras.optimizers.SGD(0.1), bucket_bytes=bucket_bytes)
+    fake_seam.set(size=size, grouped_allreduce=grouped_allreduce)
     opt.build(model.trainable_variables)
-    first_kernel_grad = {}
 
     @tf.function
     def step(x, y):
@@ -136,9 +132,19 @@ def test_a_bucket_can_start_before_the_rest_of_the_backward_pass_exists(monkeypa
         opt.apply(grads, model.trainable_variables)
 
     step.get_concrete_function(tf.TensorSpec((8, 4)), tf.TensorSpec((8, 2)))
+    return sent, first_kernel_grad["op"]
+
+
+@pytest.mark.parametrize("bucket_bytes", [130, 0])
+def test_a_bucket_can_start_before_the_rest_of_the_backward_pass_exists(monkeypatch, bucket_bytes, fake_seam):
+    """The overlap is structural: in the traced train step, the last layer's bucket depends on none of the
+    first layer's gradient ops, so the runtime can send it while it still computes them."""
+    model = stack()
+    opt = DistributedOptimizer(keras.optimizers.SGD(0.1), bucket_bytes=bucket_bytes)
+    sent, first_kernel_grad = traced_step(model, opt, fake_seam)
     last_bucket_needs = ancestors(sent["hvdkeras.gradients.0"])
     if bucket_bytes:
-        assert first_kernel_grad["op"] not in last_bucket_needs
+        assert first_kernel_grad not in last_bucket_needs
         assert len(sent) == 3
     else:
-        assert first_kernel_grad["op"] in last_bucket_needs and len(sent) == 1
+        assert first_kernel_grad in last_bucket_needs and len(sent) == 1

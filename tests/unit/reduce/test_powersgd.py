@@ -283,33 +283,15 @@ def test_a_conv_kernel_is_compressed_as_a_matrix(hvd):
 def test_the_first_p_allreduce_can_start_before_the_rest_of_the_backward_pass_exists(fake_seam):
     """As the exact path's buckets: in the traced step, the last layers' P allreduce depends on none of the first
     layer's gradient ops, so the runtime can send it while it still computes them."""
-    from .test_allreduce import ancestors, stack
+    from .test_allreduce import ancestors, stack, traced_step
 
-    sent = {}
-
-    def grouped_allreduce(tensors, name=None, **kwargs):  # noqa: ARG001
-        sent[name] = list(tensors)
-        return [tf.identity(t) for t in tensors]
-
-    fake_seam.set(size=2, grouped_allreduce=grouped_allreduce)
     model = stack()  # kernels 4x8 (128 B), 8x16 (512 B), 16x2 (128 B)
     opt = DistributedOptimizer(keras.optimizers.SGD(0.1), bucket_bytes=130,
                                reducer=PowerSGDReducer(rank=1, start_step=0, min_compression_rate=0))
-    opt.build(model.trainable_variables)
-    first_kernel_grad = {}
-
-    @tf.function
-    def step(x, y):
-        with tf.GradientTape() as tape:
-            loss = tf.reduce_mean(tf.square(model(x) - y))
-        grads = tape.gradient(loss, model.trainable_variables)
-        first_kernel_grad["op"] = grads[0].op.name
-        opt.apply(grads, model.trainable_variables)
-
-    step.get_concrete_function(tf.TensorSpec((8, 4)), tf.TensorSpec((8, 2)))
+    sent, first_kernel_grad = traced_step(model, opt, fake_seam, size=2)
     assert [t.shape for t in sent["hvdkeras.gradients.powersgd.p.0"]] == [(16, 1), (8, 1)]
-    assert first_kernel_grad["op"] not in ancestors(sent["hvdkeras.gradients.powersgd.p.0"])
-    assert first_kernel_grad["op"] in ancestors(sent["hvdkeras.gradients.powersgd.p.1"])
+    assert first_kernel_grad not in ancestors(sent["hvdkeras.gradients.powersgd.p.0"])
+    assert first_kernel_grad in ancestors(sent["hvdkeras.gradients.powersgd.p.1"])
 
 
 @pytest.mark.parametrize("mixed", [False, True])
