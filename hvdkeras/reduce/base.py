@@ -55,6 +55,7 @@ class Reducer:
 
         Raises:
             TypeError: `options` is not a ReductionOptions, or `local` not a function.
+            ValueError: the reducer averages, and the options' `op` is not Average.
         """
         if options is not None and not isinstance(options, ReductionOptions):
             raise TypeError(f"`options` must be an hvdkeras.reduce.ReductionOptions or None. Received: "
@@ -65,6 +66,7 @@ class Reducer:
         self._own = (options is not None, local is not None)
         self.options = options or ReductionOptions()
         self._local = local or frozenset
+        self._check_op()
 
     def bind(self, options: ReductionOptions, local: Callable[[], Any] = frozenset) -> None:
         """The options and local variables of the DistributedOptimizer or tape the reducer serves, where it was
@@ -78,6 +80,9 @@ class Reducer:
             self.options = options
         if not own_local:
             self._local = local
+        self._check_op()
+
+    def _check_op(self) -> None:
         if self.averages and self.options.op != C.Average:
             raise ValueError(f"{type(self).__name__} averages the workers' gradients or variables, so it takes "
                              f"op=hvdkeras.Average only. Received: {self!r} with "

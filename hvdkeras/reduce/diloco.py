@@ -24,7 +24,7 @@ from hvdkeras._checks import check_int, check_number
 from hvdkeras.reduce.allreduce import average_variables
 from hvdkeras.reduce.base import Reduced
 from hvdkeras.reduce.options import ReductionOptions
-from hvdkeras.reduce.periodic import PeriodicReducer
+from hvdkeras.reduce.periodic import PeriodicReducer, when
 from hvdkeras.variables import var_id
 
 
@@ -85,13 +85,8 @@ class DiLoCoReducer(PeriodicReducer):
 
     def reduce(self, grads: Sequence[Any], variables: Sequence[Any], name: str = "hvdkeras.gradients") -> Reduced:
         if self._shared:
-            def anchor():
-                for a, value in zip(self.anchors, average_variables(self._shared, self.options,
-                                                                    "hvdkeras.diloco.anchor")):
-                    a.assign(value)
-                return tf.constant(True)
-
-            tf.cond(tf.equal(self.steps, 0), anchor, lambda: tf.constant(False))
+            when(tf.equal(self.steps, 0),
+                 lambda: self.average_into(self._shared, "hvdkeras.diloco.anchor", into=self.anchors))
         return Reduced(list(grads), list(variables))
 
     def after_apply(self, reduced: Reduced) -> None:
@@ -109,6 +104,5 @@ class DiLoCoReducer(PeriodicReducer):
                 a.assign_add(mu * velocity - lr * delta if self.nesterov else velocity)
                 v.assign(a)
             self.average_into(also, "hvdkeras.diloco.also")
-            return tf.constant(True)
 
-        tf.cond(tf.equal(steps % self.period, 0), synchronise, lambda: tf.constant(False))
+        when(tf.equal(steps % self.period, 0), synchronise)

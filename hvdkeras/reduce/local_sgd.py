@@ -22,7 +22,7 @@ from hvdkeras._checks import check_int
 from hvdkeras.reduce.allreduce import reduce_gradients
 from hvdkeras.reduce.base import Reduced
 from hvdkeras.reduce.options import ReductionOptions
-from hvdkeras.reduce.periodic import PeriodicReducer
+from hvdkeras.reduce.periodic import PeriodicReducer, when
 from hvdkeras.variables import var_id
 
 
@@ -93,6 +93,5 @@ class LocalSGDReducer(PeriodicReducer):
         def average():
             self.average_into(shared, "hvdkeras.local_sgd")
             self.average_into(also, "hvdkeras.local_sgd.also")
-            return tf.constant(True)
 
-        tf.cond(sync, average, lambda: tf.constant(False))
+        when(sync, average)

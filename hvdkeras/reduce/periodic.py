@@ -51,6 +51,11 @@ class PeriodicReducer(Reducer):
             raise TypeError(f"`variables` must be a list of variables or a function returning one. Received: "
                             f"variables={variables!r}")
 
+    @property
+    def averages_extra(self) -> bool:
+        """Whether `average_also` has been given variables to average besides the updated ones."""
+        return self._also is not None
+
     def also_averaged(self, exclude: Sequence[Any] = ()) -> list:
         """The variables `average_also` names that are floating-point, not local and not in `exclude`, once each."""
         if self._also is None:
@@ -64,9 +69,22 @@ class PeriodicReducer(Reducer):
                 out.append(v)
         return out
 
-    def average_into(self, variables: Sequence[Any], name: str) -> None:
-        """Assigns each variable the workers' average of it (one grouped allreduce per group)."""
+    def average_into(self, variables: Sequence[Any], name: str, into: Sequence[Any] | None = None) -> None:
+        """Assigns each variable (or its counterpart in `into`) the workers' average of it (one grouped
+        allreduce per group)."""
         variables = list(variables)
         if variables:
-            for v, value in zip(variables, average_variables(variables, self.options, name)):
-                v.assign(value)
+            for target, value in zip(variables if into is None else into,
+                                     average_variables(variables, self.options, name)):
+                target.assign(value)
+
+
+def when(condition: Any, action: Callable[[], None]) -> None:
+    """Runs `action` (a synchronisation, whose collectives every worker runs alike) where `condition` holds, in a
+    traced step as eagerly."""
+
+    def run() -> tf.Tensor:
+        action()
+        return tf.constant(True)
+
+    tf.cond(condition, run, lambda: tf.constant(False))

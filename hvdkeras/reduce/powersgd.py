@@ -29,9 +29,8 @@ from typing import Any, Callable, Sequence
 
 import tensorflow as tf
 
-from hvdkeras import _collectives as C
 from hvdkeras._checks import check_int, check_number
-from hvdkeras.reduce.allreduce import reduce_gradients
+from hvdkeras.reduce.allreduce import allreduce_group, reduce_gradients
 from hvdkeras.reduce.base import Reduced, Reducer
 from hvdkeras.reduce.context import is_reduced, mark_reduced
 from hvdkeras.reduce.groups import dense_groups
@@ -174,7 +173,8 @@ class PowerSGDReducer(Reducer):
                   if g is not None and not is_reduced(g) and not isinstance(g, tf.IndexedSlices)
                   and var_id(variables[i]) in self._matrices and var_id(variables[i]) not in local]
         # Everything else (vectors, sparse, small matrices, local variables) exactly, as the allreduce does.
-        rest = [None if i in chosen else g for i, g in enumerate(grads)]
+        compressed = set(chosen)
+        rest = [None if i in compressed else g for i, g in enumerate(grads)]
         out = reduce_gradients(rest, variables, self.options, local, name=name)
         if chosen:
             dense = [tf.convert_to_tensor(grads[i]) for i in chosen]
@@ -217,8 +217,8 @@ class PowerSGDReducer(Reducer):
         return out
 
     def _allreduce(self, tensors: list, name: str) -> list:
-        """The workers' average of `tensors` in one grouped allreduce (compressed by the options' compression)."""
-        sent, ctxs = zip(*(self.options.compression.compress(t) for t in tensors))
-        with tf.device(self.options.device_dense):
-            reduced = C.grouped_allreduce(list(sent), op=C.Average, name=name, process_set=self.options.process_set)
-        return [self.options.compression.decompress(t, ctx) for t, ctx in zip(reduced, ctxs)]
+        """The workers' average of `tensors` in one grouped allreduce (allreduce.allreduce_group: compressed by
+        the options' compression; `op` is Average, which `bind_defaults` and `bind` check)."""
+        out = list(tensors)
+        allreduce_group(out, list(range(len(out))), self.options, name)
+        return out
