@@ -69,6 +69,7 @@ class TensorFlowKerasState(ObjectState):
         if self.optimizer is not None and not self.optimizer.built:
             self.optimizer.build(model.trainable_variables)
         self._saved_values: list = []
+        self._synced_size: int | None = None  # the world size at the last sync
         super().__init__(bcast_object=C.broadcast_object, get_rank=C.rank, **kwargs)
         # Not gathered here: a worker that joins a running job makes its state while the others wait in sync.
         self._save_variables(gather=False)
@@ -106,9 +107,8 @@ class TensorFlowKerasState(ObjectState):
             self.model.train_function = None
         collectives.broadcast_variables(self.variables(), root_rank=0)
         reducer = getattr(self.optimizer, "reducer", None)
-        synced = getattr(self, "_synced_size", None)
-        if reducer is not None and synced is not None and synced != C.size():
-            reducer.resized(synced, C.size())  # each worker's own state (PowerSGD's error feedback) is reset
+        if reducer is not None and self._synced_size not in (None, C.size()):
+            reducer.resized(self._synced_size, C.size())  # each worker's own state (PowerSGD's error feedback)
         self._synced_size = C.size()
         self._save_variables()
         super().sync()

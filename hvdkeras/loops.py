@@ -319,8 +319,10 @@ def _reducer_for(optimizer: Any, variables: list) -> Reducer:
     reducer = optimizer.__dict__.get("_hvdkeras_reducer")
     if reducer is None:
         made = from_spec(spec)
-        reducer = AllreduceReducer(_options()) if isinstance(made, str) else made
-        if not isinstance(made, str):
+        if isinstance(made, str):  # the reduce-scatter: model.fit's optimizer only
+            reducer = AllreduceReducer(_options())
+        else:
+            reducer = made
             reducer.bind(_options())
             if isinstance(reducer, PeriodicReducer):
                 log.info("hvdkeras: %r for the script's own loop: only the variables it updates are averaged; "

@@ -55,7 +55,7 @@ def average_model_state(model: Any) -> None:
     (`PeriodicReducer.average_also`). Callbacks do it in `set_model`, the wrap in `compile`."""
     for optimizer in held_optimizers(model).values():
         reducer = getattr(optimizer, "reducer", None) if isinstance(optimizer, DistributedOptimizer) else None
-        if isinstance(reducer, PeriodicReducer) and reducer._also is None:
+        if isinstance(reducer, PeriodicReducer) and not reducer.averages_extra:
             reducer.average_also(lambda: model.non_trainable_variables)
 
 
