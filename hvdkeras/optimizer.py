@@ -330,25 +330,16 @@ class DistributedOptimizer(keras.optimizers.Optimizer, metaclass=_Factory):
         inner = count - len(state)
         self._load_inner_variables({str(j): store[str(j)] for j in range(inner)})
         own = {id(v) for v in self._worker_state()}
-        rank, size = (C.rank(), C.size()) if C.is_initialized() else (0, 1)
-        saved_sizes, rows = set(), []
+        stacked = {}
         for k, variable in enumerate(state):
             value = np.asarray(store[str(inner + k)])
-            if id(variable) not in own:
+            if id(variable) in own:
+                stacked[str(k)] = value  # every worker's value, stacked
+            else:
                 variable.assign(value)
-                continue
-            # Every worker's value, stacked: this worker takes its own; rank 0 loading alone (a restored
-            # backup) keeps them all for share_loaded_state.
-            saved_sizes.add(value.shape[0])
-            if rank_zero.in_solo():
-                self._loaded_workers = dict(self._loaded_workers or {}, **{str(k): value})
-            if value.shape[0] == size or rank_zero.in_solo() and value.shape[0] > rank:
-                variable.assign(value[rank])
-                rows.append((variable, value[rank]))
-        self._own_rows_after_inner_load(rows)
-        for saved in saved_sizes - {size}:
-            if not rank_zero.in_solo():
-                self._reducer.resized(saved, size)
+        if rank_zero.in_solo():  # rank 0 loading alone (a restored backup): all kept for share_loaded_state
+            self._loaded_workers = stacked or None
+        self._own_rows_after_inner_load(self._take_own(stacked, alone=rank_zero.in_solo()))
 
     def _own_rows_after_inner_load(self, rows: list) -> None:
         """Keras loads the wrapped optimizers' own file entries (rank 0's slots) after this optimizer's, the
@@ -419,18 +410,23 @@ class DistributedOptimizer(keras.optimizers.Optimizer, metaclass=_Factory):
                 shared = True
         return shared
 
-    def _take_own(self, values: dict) -> None:
-        """Each worker's own reducer state from every worker's, stacked (by the position in `state()`); reset
-        when they were saved by another number of workers."""
-        rank, size = C.rank(), C.size()
+    def _take_own(self, values: dict, alone: bool = False) -> list:
+        """Each worker's own state from every worker's, stacked (by position in `_extra_state()`): this worker's
+        row where the rows are the job's workers (or, `alone`, rank 0 loading by itself: its row of whatever
+        was saved). Rows of another number of workers make the reducer reset (and say so), except `alone`, where
+        that waits for share_loaded_state. Returns the (variable, row) pairs assigned."""
+        rank, size = (C.rank(), C.size()) if C.is_initialized() else (0, 1)
         state = self._extra_state()
-        sizes = set()
+        assigned, sizes = [], set()
         for key, value in values.items():
             sizes.add(value.shape[0])
-            if value.shape[0] == size:
+            if value.shape[0] == size or alone and value.shape[0] > rank:
                 state[int(key)].assign(value[rank])
-        for saved in sizes - {size}:
-            self._reducer.resized(saved, size)
+                assigned.append((state[int(key)], value[rank]))
+        if not alone:
+            for saved in sizes - {size}:
+                self._reducer.resized(saved, size)
+        return assigned
 
     def scale_loss(self, loss):
         return self.inner_optimizer.scale_loss(loss)
