@@ -64,7 +64,7 @@ def reducer_spec(text: str) -> tuple[str, dict[str, Any]]:
             raise ValueError(f"gives each option once, as KEY=VALUE (such as {name}:{next(iter(kinds))}=...)")
         kind = kinds[key]
         if kind == "bool":
-            value: Any = True if raw.lower() in _TRUE else False if raw.lower() in _FALSE else None
+            value: Any = _bool(raw)
         else:
             value = _number(raw, integer=kind == "int")
             value = None if value is None or isinstance(value, float) and not math.isfinite(value) else value
@@ -234,6 +234,14 @@ def received(value: Any, limit: int = _SHOWN) -> str:
     return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
 
 
+def _detail(field: dataclasses.Field, value: Any) -> str:
+    """What an error adds to what the value must be: what a `--reducer` value lacks, or that a number is too
+    large to hold."""
+    if field.metadata["kind"] == "reducer" and isinstance(value, str):
+        return f" that {_reducer_problem(value)}"
+    return _beyond(value)
+
+
 def _beyond(value: Any) -> str:
     """The words an error adds for a number too large to hold."""
     big = isinstance(value, (int, float)) and not isinstance(value, bool) and abs(value) > _LARGEST
@@ -272,16 +280,15 @@ def parse(field: dataclasses.Field, raw: str, error: type[Exception] = ValueErro
     if kind in ("str", "choice", "reducer"):
         value: Any = text
     elif kind == "bool":
-        value = True if text.lower() in _TRUE else False if text.lower() in _FALSE else None
+        value = _bool(text)
     elif kind == "nice" and text.lower() == "none":
         value = "none"
     else:
         value = _number(text, integer=kind in _INTEGER_KINDS)
     if value is None or not _acceptable(field, value):
         name = variable(field.name)
-        if kind == "reducer":
-            raise error(f"{name} must be {what(field)} that {_reducer_problem(text)}. Received: {name}={received(raw)}")
-        raise error(f"{name} must be {what(field)}{_beyond(value)}. Received: {name}={received(raw)}")
+        raise error(f"{name} must be {what(field)}{_detail(field, text if kind == 'reducer' else value)}. "
+                    f"Received: {name}={received(raw)}")
     return value
 
 
@@ -321,11 +328,14 @@ def check_value(name: str, value: Any, error: type[Exception] = ValueError, flag
         if flag:
             shown = f"{value:g}" if isinstance(value, float) else value
             label = "--" + name.replace("_", "-")
-            if field.metadata["kind"] == "reducer" and isinstance(value, str):
-                raise error(f"{label} must be {what(field)} that {_reducer_problem(value)}. Received: {label} {shown}")
-            raise error(f"{label} must be {what(field)}{_beyond(value)}. Received: {label} {shown}")
-        raise error(f"`{name}` must be {what(field)}{_beyond(value)}. Received: {name}={received(value)}")
+            raise error(f"{label} must be {what(field)}{_detail(field, value)}. Received: {label} {shown}")
+        raise error(f"`{name}` must be {what(field)}{_detail(field, value)}. Received: {name}={received(value)}")
     return value
+
+
+def _bool(text: str) -> bool | None:
+    """1/true/yes/on as True, 0/false/no/off as False (any case), anything else None."""
+    return True if text.lower() in _TRUE else False if text.lower() in _FALSE else None
 
 
 def _number(text: str, integer: bool) -> int | float | None:
