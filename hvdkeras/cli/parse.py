@@ -229,27 +229,28 @@ def _run_node(config: RunConfig) -> int:
     (checked first), else, for a job on this node alone, a new one in a private folder removed afterwards. A job
     across nodes without one is told that its rendezvous takes unsigned requests."""
     workers = build_node_workers(config)
-    given = os.environ.get(settings.variable("secret_file"), "").strip()
+    given = settings.read(os.environ).secret_file
+    folder = None
     if given:
         try:
             auth.read_secret(given)
         except auth.SecretError as err:
             print(f"hvdkeras run: error: {err}", file=sys.stderr)
             return EXIT_USAGE
-        return supervise(workers, startup_log=config.startup_log)
-    if config.nnodes > 1:
+    elif config.nnodes > 1:
         print("hvdkeras run: warning: the job's rendezvous takes unsigned requests: anyone who can reach "
               f"{config.master_addr}:{config.master_port} and learns the job id can join it. Give every node the "
               "same secret file, HVDKERAS_SECRET_FILE (docs/security.md).", file=sys.stderr)
-        return supervise(workers, startup_log=config.startup_log)
-    folder = tempfile.mkdtemp(prefix="hvdkeras-job-")  # mode 700
-    try:
+    else:
+        folder = tempfile.mkdtemp(prefix="hvdkeras-job-")  # mode 700
         path = auth.write_secret(folder)
         for _, env in workers:
             env[settings.variable("secret_file")] = path
+    try:
         return supervise(workers, startup_log=config.startup_log)
     finally:
-        shutil.rmtree(folder, ignore_errors=True)
+        if folder is not None:
+            shutil.rmtree(folder, ignore_errors=True)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
