@@ -6,7 +6,6 @@ starts horovodrun with this on every worker. `python -m hvdkeras run|check ...` 
 
 from __future__ import annotations
 
-import argparse
 import faulthandler
 import os
 import runpy
@@ -22,15 +21,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         from hvdkeras import cli
 
         return cli.main(argv)
-    from hvdkeras.cli.parse import WRAP_FLAGS, add_wrap_options
+    from hvdkeras.cli.parse import WRAP_FLAGS, build_worker_parser
 
-    parser = argparse.ArgumentParser(
-        prog="python -m hvdkeras",
-        description="Run an unmodified Keras 3 training script as one worker of a data-parallel job.",
-    )
-    add_wrap_options(parser)
-    parser.add_argument("script", help="the Keras training script")
-    parser.add_argument("script_args", nargs=argparse.REMAINDER, help="arguments for the script")
+    parser = build_worker_parser()
     ns = parser.parse_args(argv)
     if not os.path.isfile(ns.script):
         print(f"python -m hvdkeras: error: the training script does not exist. Received: script={ns.script!r}",

@@ -13,6 +13,10 @@ from typing import Callable
 from hvdkeras import settings
 
 DEFAULT_MASTER_PORT = 29500
+# Elastic runs: a host whose worker failed may rejoin after 2-3 s, then 4-5 s, ... up to a minute (horovodrun's
+# backoff over this range). horovodrun without a range keeps such a host out of the job for good.
+DEFAULT_COOLDOWN_RANGE = (1, 60)
+MAX_COOLDOWN = 3600  # horovodrun's upper bound
 
 
 @dataclasses.dataclass(frozen=True)
@@ -30,6 +34,8 @@ class RunConfig:
     min_np: int | None = None
     max_np: int | None = None
     host_discovery_script: str | None = None
+    # Elastic runs: (min, max) seconds a failed host stays blacklisted (horovodrun's --blacklist-cooldown-range).
+    cooldown_range: tuple[int, int] | None = None
     stall_timeout: float = 60.0
     # Whether TensorFlow's C++ start-up lines pass through (HVDKERAS_TF_STARTUP_LOG); left out by default.
     startup_log: bool = False
@@ -85,8 +91,12 @@ def build_command(config: RunConfig) -> tuple[list[str], dict[str, str]]:
         if config.max_np is not None:
             argv += ["--max-np", str(config.max_np)]
         argv += ["--host-discovery-script", config.host_discovery_script]
+        if config.cooldown_range is not None:
+            argv += ["--blacklist-cooldown-range", *map(str, config.cooldown_range)]
     else:
         argv += ["-H", config.hosts]
     argv.append("--gloo" if config.controller == "gloo" else "--mpi")
-    argv += [config.python, "-m", "hvdkeras", *config.forwarded, config.script, *config.script_args]
+    # "--" ends horovodrun's options for its parser: without it a script option that abbreviates two of
+    # horovodrun's (--log: --log-level, --log-with-timestamp, ...) stops the job before it starts.
+    argv += [config.python, "-m", "hvdkeras", *config.forwarded, "--", config.script, *config.script_args]
     return argv, {"PYTHONUNBUFFERED": "1", **settings.horovod_stall_environ(config.stall_timeout)}

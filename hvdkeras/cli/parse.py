@@ -19,7 +19,15 @@ import tempfile
 from typing import Callable, Sequence
 
 from hvdkeras import settings
-from hvdkeras.cli.command import DEFAULT_MASTER_PORT, RunConfig, build_command, build_node_workers, find_horovodrun
+from hvdkeras.cli.command import (
+    DEFAULT_COOLDOWN_RANGE,
+    DEFAULT_MASTER_PORT,
+    MAX_COOLDOWN,
+    RunConfig,
+    build_command,
+    build_node_workers,
+    find_horovodrun,
+)
 from hvdkeras.cli.supervise import stream, supervise
 from hvdkeras.job import auth
 from hvdkeras.settings import DEFAULT_STALL_TIMEOUT
@@ -69,9 +77,11 @@ def wrap_flags(ns: argparse.Namespace) -> list[str]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="hvdkeras", description="Data-parallel Keras 3 training with Horovod.")
+    # No abbreviations: the script's own options follow, and one that abbreviates two of ours would be refused.
+    parser = argparse.ArgumentParser(prog="hvdkeras", description="Data-parallel Keras 3 training with Horovod.",
+                                     allow_abbrev=False)
     sub = parser.add_subparsers(dest="command", required=True)
-    run = sub.add_parser("run", help="run a Keras script on N workers (horovodrun)")
+    run = sub.add_parser("run", help="run a Keras script on N workers (horovodrun)", allow_abbrev=False)
     run.add_argument("-np", "--num-proc", dest="np", type=int, default=None,
                      help="number of workers in all (with --nnodes: optional, nnodes x nproc-per-node)")
     run.add_argument("-H", "--hosts", default=None, help="host1:slots,host2:slots (default: localhost:N)")
@@ -82,6 +92,10 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--min-np", type=int, default=None, help="elastic: fewest workers to keep training")
     run.add_argument("--max-np", type=int, default=None, help="elastic: most workers")
     run.add_argument("--host-discovery-script", default=None, help="elastic: prints host:slots lines")
+    run.add_argument("--blacklist-cooldown-range", type=int, nargs=2, default=None, metavar=("MIN", "MAX"),
+                     help="elastic: seconds a host whose worker failed stays out before it may rejoin, doubling "
+                          "at each failure from MIN up to MAX (default "
+                          f"{' '.join(map(str, DEFAULT_COOLDOWN_RANGE))}; horovodrun's own default keeps it out)")
     run.add_argument("--stall-timeout", type=float, default=None,
                      help="seconds a worker may stop answering before the job fails "
                           f"(default {DEFAULT_STALL_TIMEOUT:g}, or HVDKERAS_STALL_TIMEOUT)")
@@ -101,6 +115,19 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("script_args", nargs=argparse.REMAINDER, help="arguments for the script")
     check = sub.add_parser("check", help="print versions and build, run a real 2-process allreduce")
     check.add_argument("--timeout", type=float, default=180.0, help="seconds for the 2-process test")
+    return parser
+
+
+def build_worker_parser() -> argparse.ArgumentParser:
+    """`python -m hvdkeras [options] [--] script [script options]`: one worker (what `hvdkeras run` starts)."""
+    parser = argparse.ArgumentParser(
+        prog="python -m hvdkeras",
+        description="Run an unmodified Keras 3 training script as one worker of a data-parallel job.",
+        allow_abbrev=False,  # the script's options follow: one that abbreviates two of ours is the script's
+    )
+    add_wrap_options(parser)
+    parser.add_argument("script", help="the Keras training script")
+    parser.add_argument("script_args", nargs=argparse.REMAINDER, help="arguments for the script")
     return parser
 
 
@@ -143,11 +170,13 @@ def validate(ns: argparse.Namespace, *, which: Callable[[str], str | None] = shu
         _at_least_one("-np", ns.np)
     if not isfile(ns.script):
         raise UsageError(f"the training script does not exist. Received: script={settings.received(ns.script)}")
-    elastic = ns.min_np is not None or ns.max_np is not None or ns.host_discovery_script is not None
+    elastic = (ns.min_np is not None or ns.max_np is not None or ns.host_discovery_script is not None
+               or ns.blacklist_cooldown_range is not None)
     if nodes is not None and ns.hosts is not None:
         raise UsageError(f"--nnodes starts the workers of this node itself: it takes no -H. Received: -H {ns.hosts!r}")
     if nodes is not None and elastic:
-        raise UsageError("--nnodes takes no elastic options. Received: --min-np/--max-np/--host-discovery-script")
+        raise UsageError("--nnodes takes no elastic options. Received: "
+                         "--min-np/--max-np/--host-discovery-script/--blacklist-cooldown-range")
     if ns.hosts is not None:
         slots = sum(n for _, n in parse_hosts(ns.hosts))
         if slots < ns.np and not elastic:
@@ -167,6 +196,7 @@ def validate(ns: argparse.Namespace, *, which: Callable[[str], str | None] = shu
         if ns.max_np is not None and not ns.np <= ns.max_np <= MAX_WORKERS:
             raise UsageError(f"--max-np must be from -np to {MAX_WORKERS}. Received: --max-np "
                              f"{settings.received(ns.max_np)} with -np {ns.np}")
+    cooldown = _cooldown_range(ns.blacklist_cooldown_range) if elastic else None
     for name in WRAP_FLAGS:
         if getattr(ns, name, None) is not None:
             settings.check_value(name, getattr(ns, name), error=UsageError, flag=True)
@@ -191,8 +221,19 @@ def validate(ns: argparse.Namespace, *, which: Callable[[str], str | None] = shu
         np=ns.np, hosts=hosts, script=ns.script, script_args=tuple(ns.script_args), forwarded=tuple(wrap_flags(ns)),
         controller=ns.controller or "gloo", python=python, horovodrun=horovodrun,
         min_np=ns.min_np, max_np=ns.max_np, host_discovery_script=ns.host_discovery_script, stall_timeout=stall,
-        startup_log=environ.tf_startup_log,
+        startup_log=environ.tf_startup_log, cooldown_range=cooldown,
     )
+
+
+def _cooldown_range(given: list[int] | None) -> tuple[int, int]:
+    """--blacklist-cooldown-range MIN MAX, checked against horovodrun's bounds (1 s to 1 h), or the default."""
+    if given is None:
+        return DEFAULT_COOLDOWN_RANGE
+    low, high = given
+    if not 1 <= low <= high <= MAX_COOLDOWN:
+        raise UsageError(f"--blacklist-cooldown-range takes MIN MAX seconds with 1 <= MIN <= MAX <= {MAX_COOLDOWN}. "
+                         f"Received: --blacklist-cooldown-range {low} {high}")
+    return low, high
 
 
 def _validate_nodes(ns: argparse.Namespace) -> dict | None:

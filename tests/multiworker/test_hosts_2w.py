@@ -7,7 +7,9 @@ ignores HOROVOD_GLOO_IFACE and binds to what the host name resolves to).
 
 import json
 import os
+import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -15,7 +17,7 @@ from jobcheck import SCRIPTS, check_two_workers, lines_by_rank, run_args, worker
 
 from netlab import POD0, LabHosts
 
-from launch import REPO, VENV_BIN, WORKERS, Started, require, run_command, show
+from launch import REPO, VENV_BIN, WORKERS, Started, base_env, dump_and_kill, kill_tree, require, run_command, show
 
 LAUNCH_TIMEOUT = 300
 HVDKERAS = str(VENV_BIN / "hvdkeras")
@@ -211,3 +213,99 @@ def test_kubernetes_indexed_job_manifest_forms_one_job(hosts, tmp_path):
     assert [r.returncode for r in results] == [0, 0], show(results)
     check_two_workers(tmp_path, "plain", {i: r.output.splitlines() for i, r in enumerate(results)})
     assert hosts.processes() == {"hosta": [], "hostb": []}
+
+
+ELASTIC_EPOCHS, ELASTIC_STEPS = 8, 60
+
+
+def _worker_on(hosts: LabHosts, host: str, script: str):
+    """The training process (not the ssh session that started it) on test host `host`, or None."""
+    import psutil
+
+    for pid in hosts.run(host, "ip", "netns", "pids", hosts.netns[host], check=False).stdout.split():
+        try:
+            proc = psutil.Process(int(pid))
+            if script in " ".join(proc.cmdline()) and "python" in proc.name():
+                return proc
+        except psutil.NoSuchProcess:
+            continue
+    return None
+
+
+def _trace(path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def test_elastic_run_across_the_hosts_shrinks_to_one_and_grows_back(hosts, ssh_path, tmp_path):
+    """`hvdkeras run --min-np 1 --max-np 2 --host-discovery-script` from hosta, over ssh: hostb's worker is
+    killed in epoch 2 and hostb leaves the discovered hosts; hosta's worker carries on alone from its last
+    commit; hostb comes back, a worker starts there and the job is 2 again. Every fit start and epoch end is
+    traced by each worker: the ranks hold the same weights and optimizer state at each point both reached,
+    and the job does exactly the planned steps."""
+    a, b = hosts.NAMES
+    listed = tmp_path / "hosts.txt"
+    listed.write_text(f"{a}:1\n{b}:1\n")
+    discover = tmp_path / "discover.sh"
+    discover.write_text(f"#!/bin/sh\ncat {listed}\n")
+    discover.chmod(0o755)
+    script = str(WORKERS / "elastic_hosts_script.py")
+    trace = tmp_path / "trace.jsonl"
+    cmd = hosts.ns(a, HVDKERAS, "run", "-np", "2", "--min-np", "1", "--max-np", "2", "--host-discovery-script",
+                   str(discover), "--no-shard", script, "--log", str(trace), "--epochs", str(ELASTIC_EPOCHS),
+                   "--steps-per-epoch", str(ELASTIC_STEPS))
+    env = base_env(tmp_path, {"PATH": os.pathsep.join([str(ssh_path), str(VENV_BIN), os.environ["PATH"]])})
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=str(tmp_path),
+                            env=env, start_new_session=True)
+    lines, events = [], {}
+    timer = threading.Timer(LAUNCH_TIMEOUT, dump_and_kill, (proc.pid,))
+    timer.start()
+    try:
+        for line in proc.stdout:
+            lines.append(line)
+            if "killed" not in events and "Epoch 2/" in line:
+                time.sleep(0.5)  # in the middle of epoch 2
+                victim = _worker_on(hosts, b, script)
+                if victim is not None:
+                    listed.write_text(f"{a}:1\n")  # hostb leaves ...
+                    victim.kill()
+                    events["killed"] = time.monotonic()
+            elif "killed" in events and "back" not in events and any(
+                    t["size"] == 1 and t["event"] == "start" for t in _trace(trace)):
+                listed.write_text(f"{a}:1\n{b}:1\n")  # ... and comes back once the job goes on without it
+                events["back"] = time.monotonic()
+        code = proc.wait()
+    finally:
+        timer.cancel()
+        kill_tree(proc.pid)
+    output = "".join(lines)
+    if code != 0 or "back" not in events:
+        pytest.fail(f"the elastic job exited {code}, events {sorted(events)}\n{output[-20000:]}", pytrace=False)
+    points = _trace(trace)
+    sizes = [t["size"] for t in points if t["event"] == "start" and t["rank"] == 0]
+    # One world of 2, then hosta's worker alone (rank 0 throughout), then 2 again.
+    assert sizes[0] == 2 and 1 in sizes and 2 in sizes[sizes.index(1):] and sizes[-1] == 2, (sizes, output[-5000:])
+    # hosta's one worker carries on alone, from the last commit before the kill (a batch of epoch 2: the
+    # steps counted in the state agree with the epoch and batch it resumed at); hostb's second worker is new.
+    assert {t["host"] for t in points if t["size"] == 1} == {a}
+    assert len({t["pid"] for t in points if t["host"] == a}) == 1
+    assert len({t["pid"] for t in points if t["host"] == b}) == 2, "hostb's second worker is a new process"
+    alone = next(t for t in points if t["size"] == 1)
+    assert alone["epoch"] == 1 and alone["steps"] == ELASTIC_STEPS + alone["batch"], alone
+    # The ranks are identical at every point both reached: the start of each fit after a resize, epoch ends.
+    both = {}
+    for t in points:
+        if t["size"] == 2:
+            both.setdefault((t["event"], t["epoch"], t["batch"], t["steps"]), {})[t["rank"]] = t
+    compared = [key for key, ranks in both.items() if len(ranks) == 2]
+    assert len(compared) >= 3, both
+    for key in compared:
+        r0, r1 = both[key][0], both[key][1]
+        assert (r0["weights"], r0["optimizer"]) == (r1["weights"], r1["optimizer"]), key
+    killed = next(t["pid"] for t in points if t["host"] == b)
+    rejoined = [t for t in points if t["host"] == b and t["pid"] != killed]
+    assert rejoined and rejoined[0]["epoch"] > 1, "hostb's new worker joined a job that had gone on without it"
+    final = [line for line in output.splitlines() if "finished" in line and "steps" in line]
+    assert final and f"finished {ELASTIC_EPOCHS} epochs, {ELASTIC_EPOCHS * ELASTIC_STEPS} steps, on 2 workers" \
+        in final[-1], output[-5000:]
+    assert hosts.processes() == {"hosta": [], "hostb": []}
+    print(f"elastic across the hosts: sizes at each fit start {sizes}; {len(compared)} points compared")
