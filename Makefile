@@ -17,7 +17,7 @@ PYTEST_ARGS ?=
 LAB_PTH = -c "import site, sys; open(site.getsitepackages()[0] + '/hvdkeras-lab.pth', 'w').write(sys.argv[1] + '\n')" "$(CURDIR)/lab"
 NETBENCH_ARGS ?=
 
-.PHONY: install lab test test-fast demo bench netbench batchbench shardbench xlabench loopbench slowbench killtrials horovod-examples gpu-build lint clean
+.PHONY: install lab test test-fast demo bench netbench stallbench batchbench shardbench xlabench loopbench slowbench killtrials horovod-examples gpu-build lint clean
 
 install: $(STAMP)
 
@@ -66,6 +66,11 @@ killtrials: install
 netbench: install lab
 	$(PY) benchmarks/network_benchmark.py $(NETBENCH_ARGS)
 	$(PY) benchmarks/step_timeline.py --out docs
+
+# Step-time percentiles and slow runs on the two test hosts at 100 Mbit/s, quiet and with 1 and 2 competing
+# CPU-bound processes, with and without Horovod's threads at nice -15 (needs root); docs/stall_benchmark.json.
+stallbench: install lab
+	$(PY) benchmarks/stall_benchmark.py --out docs
 
 # Unmodified scripts under both batch conventions against one process (the corpus and the digits example);
 # writes docs/batch_convention.json.

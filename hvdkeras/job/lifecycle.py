@@ -147,6 +147,8 @@ def start(comm: Any = None, process_sets: Any = None) -> None:
             "launch with horovodrun / `hvdkeras run`. To run every process alone on purpose, set "
             "HVDKERAS_LAUNCHER=none."
         )
+    # Every rank sets the same; rank 0 alone says what it could not set.
+    threads.check_inter_op_threads(C.size(), say=None if C.rank() == 0 else (lambda message: None))
 
 
 def stop() -> None:

@@ -12,6 +12,7 @@ def load(name: str):
     if name in sys.modules:
         return sys.modules[name]
     needs = {"step_timeline": ["network_benchmark"], "slowlink_benchmark": ["network_benchmark"],
+             "stall_benchmark": ["network_benchmark"],
              "net_worker": ["peer_loops"]}.get(name, [])
     for other in needs:
         load(other)

@@ -114,3 +114,47 @@ def test_a_bad_nice_value_fails_before_horovod_starts(monkeypatch, fake_seam):
     with pytest.raises(ValueError, match="Received: HVDKERAS_HOROVOD_NICE='urgent'"):
         lifecycle._start_horovod(None, None)
     assert calls == []
+
+
+class FakeThreading:
+    """tf.config.threading's inter-op calls; `started`: TensorFlow's runtime has started (setting raises)."""
+
+    def __init__(self, configured: int, started: bool = False):
+        self.configured, self.started = configured, started
+
+    def get_inter_op_parallelism_threads(self):
+        return self.configured
+
+    def set_inter_op_parallelism_threads(self, n):
+        if self.started:
+            raise RuntimeError("Inter op parallelism cannot be modified after initialization.")
+        self.configured = n
+
+
+@pytest.mark.parametrize("configured, environ, cores, how", [
+    (1, {}, 8, "tf.config.threading.set_inter_op_parallelism_threads(1)"),
+    (0, {"TF_NUM_INTEROP_THREADS": "1"}, 8, "TF_NUM_INTEROP_THREADS=1"),
+    (0, {}, 1, "TensorFlow's choice for a process with one core"),
+    (0, {}, 2, None), (2, {}, 1, None), (0, {"TF_NUM_INTEROP_THREADS": "4"}, 1, None),
+])
+def test_how_tensorflow_comes_to_one_inter_op_thread(configured, environ, cores, how):
+    assert _threads.one_inter_op_thread(configured, environ, cores) == how
+
+
+def test_one_core_and_nothing_set_gets_two_inter_op_threads_before_tensorflow_starts():
+    fake = FakeThreading(0)
+    said = []
+    assert _threads.check_inter_op_threads(2, fake, {}, cores=1, say=said.append) == "set 2"
+    assert fake.configured == 2 and not said
+    # A single worker is left alone: nothing to overlap.
+    alone = FakeThreading(0)
+    assert _threads.check_inter_op_threads(1, alone, {}, cores=1, say=said.append) is None and alone.configured == 0
+
+
+@pytest.mark.parametrize("fake, environ", [(FakeThreading(1), {}), (FakeThreading(0), {"TF_NUM_INTEROP_THREADS": "1"}),
+                                           (FakeThreading(0, started=True), {})])
+def test_one_inter_op_thread_asked_for_or_too_late_to_change_is_said_once(fake, environ):
+    said = []
+    message = _threads.check_inter_op_threads(2, fake, environ, cores=1, say=said.append)
+    assert said == [message] and "one inter-op thread" in message and "TF_NUM_INTEROP_THREADS=2" in message
+    assert fake.configured in (0, 1)  # what the script asked for stays
