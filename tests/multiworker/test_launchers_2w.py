@@ -12,7 +12,7 @@ import time
 import pytest
 from jobcheck import SCRIPTS, check_two_workers, lines_by_rank, worker_command
 
-from launch import REPO, Started, require, run_command, run_processes, show
+from launch import REPO, Started, horovodrun, require, run_command, run_processes, show
 
 LAUNCH_TIMEOUT = 300
 
@@ -222,3 +222,16 @@ def listening(port: int) -> bool:
         return True
     except OSError:
         return False
+
+
+def test_one_inter_op_thread_is_kept_and_said_once_by_rank_0(tmp_path):
+    """A script that asks TensorFlow for one inter-op thread keeps it, and the job says once (rank 0) that
+    its backward pass may then hand every gradient over at its end, and how to give it two."""
+    job = horovodrun("inter_op_script.py", out_dir=tmp_path, timeout=120, expect_ok=False)
+    if job.returncode != 0:
+        job.fail(f"the job exited {job.returncode}")
+    for rank in (0, 1):
+        assert f"rank {rank} of 2: inter-op threads 1" in job.output, job.output[-3000:]
+    assert job.output.count("TensorFlow runs with one inter-op thread") == 1, job.output[-3000:]
+    assert "tf.config.threading.set_inter_op_parallelism_threads(1)" in job.output
+    assert "TF_NUM_INTEROP_THREADS=2" in job.output
