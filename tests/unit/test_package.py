@@ -99,3 +99,38 @@ def test_every_third_party_import_is_a_declared_dependency():
     assert extras["spark"] >= {"pyspark", "cloudpickle"}
     assert extras["ray"] >= {"ray"}
     assert {"psutil", "packaging"} <= declared
+
+
+def test_no_module_uses_another_modules_private_names():
+    """Inside hvdkeras, a name with a leading underscore is its module's own: no other module imports it or
+    reaches it through the module (a private module, such as _collectives, is the package's own and may be
+    imported)."""
+    import ast
+    from pathlib import Path
+
+    root = Path(hvdkeras.__file__).parent
+    modules = {".".join(p.relative_to(root.parent).with_suffix("").parts).removesuffix(".__init__")
+               for p in root.rglob("*.py")}
+    breaches = []
+    for path in root.rglob("*.py"):
+        tree = ast.parse(path.read_text())
+        aliases = {}  # local name -> hvdkeras module it is bound to
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("hvdkeras"):
+                for alias in node.names:
+                    full = f"{node.module}.{alias.name}"
+                    if full in modules:
+                        aliases[alias.asname or alias.name] = full
+                    elif alias.name.startswith("_"):
+                        breaches.append(f"{path.relative_to(root.parent)}:{node.lineno} imports {full}")
+            elif isinstance(node, ast.Import):
+                for alias in node.names:
+                    if alias.name.startswith("hvdkeras") and alias.asname:
+                        aliases[alias.asname] = alias.name
+        for node in ast.walk(tree):
+            if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in aliases
+                    and node.attr.startswith("_") and not node.attr.startswith("__")
+                    and f"{aliases[node.value.id]}.{node.attr}" not in modules):
+                where = f"{path.relative_to(root.parent)}:{node.lineno}"
+                breaches.append(f"{where} uses {aliases[node.value.id]}.{node.attr}")
+    assert not breaches, "\n".join(breaches)

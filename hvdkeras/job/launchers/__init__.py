@@ -9,7 +9,7 @@ job's rendezvous is (rank 0 hosts it, see `hvdkeras.job.rendezvous`). It reads, 
 4. torchrun / Kubernetes (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT). Under a
    real torchrun (TORCHELASTIC_USE_AGENT_STORE=True) its agent's store holds MASTER_PORT, so the rendezvous
    port is derived from TORCHELASTIC_RUN_ID and the store's address instead.
-5. TF_CONFIG (Kubeflow's TFJob, Ray Train's TensorflowTrainer): the chief, then the workers (`_tf_config`).
+5. TF_CONFIG (Kubeflow's TFJob, Ray Train's TensorflowTrainer): the chief, then the workers (`read_tf_config`).
 6. Slurm's srun (SLURM_PROCID, SLURM_STEP_NUM_TASKS or SLURM_NTASKS, SLURM_LOCALID, SLURM_STEP_NODELIST,
    SLURM_STEP_TASKS_PER_NODE, SLURM_JOB_ID, SLURM_STEP_ID).
 
@@ -25,7 +25,7 @@ from __future__ import annotations
 from typing import Mapping
 
 from hvdkeras import settings
-from hvdkeras.job.launchers.conventions import _CONVENTIONS, _read_convention
+from hvdkeras.job.launchers.conventions import CONVENTIONS, read_convention
 from hvdkeras.job.launchers.env import (
     LOOPBACK,
     PORT_BASE,
@@ -35,8 +35,8 @@ from hvdkeras.job.launchers.env import (
     derived_port,
     torchrun_agent_holds_master_port,
 )
-from hvdkeras.job.launchers.slurm import _slurm, expand_hostlist, expand_tasks_per_node
-from hvdkeras.job.launchers.tf_config import TF_CONFIG_TASKS, _tf_config, split_address
+from hvdkeras.job.launchers.slurm import expand_hostlist, expand_tasks_per_node, read_slurm
+from hvdkeras.job.launchers.tf_config import TF_CONFIG_TASKS, read_tf_config, split_address
 
 __all__ = ["LOOPBACK", "PORT_BASE", "PORT_SPAN", "TF_CONFIG_TASKS", "LaunchEnv", "LaunchEnvError", "derived_port",
            "detect", "expand_hostlist", "expand_tasks_per_node", "split_address", "torchrun_agent_holds_master_port"]
@@ -66,14 +66,14 @@ def detect(environ: Mapping[str, str]) -> LaunchEnv | None:
         return None
     if "HOROVOD_RANK" in environ or "HOROVOD_GLOO_RENDEZVOUS_ADDR" in environ:
         return None
-    for convention in _CONVENTIONS:
+    for convention in CONVENTIONS:
         if convention.rank in environ and convention.size in environ:
-            return _read_convention(environ, convention)
+            return read_convention(environ, convention)
     if environ.get("TF_CONFIG", "").strip():
-        return _tf_config(environ)
+        return read_tf_config(environ)
     # SLURM_PROCID alone is also set in an sbatch script's own (batch) step, which is one process: only an
     # srun step (SLURM_STEP_NUM_TASKS) or a step id names a set of tasks.
     if "SLURM_PROCID" in environ and ("SLURM_STEP_NUM_TASKS" in environ or
                                       environ.get("SLURM_STEP_ID", "batch") not in ("batch", "extern")):
-        return _slurm(environ)
+        return read_slurm(environ)
     return None

@@ -5,7 +5,13 @@ from __future__ import annotations
 
 import dataclasses
 
-from hvdkeras.job.launchers.env import _check_rank, _finish, _int, _opt_int, torchrun_agent_holds_master_port
+from hvdkeras.job.launchers.env import (
+    check_rank,
+    finish,
+    int_variable,
+    optional_int_variable,
+    torchrun_agent_holds_master_port,
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -24,7 +30,7 @@ class _Convention:
 
 # Innermost launcher first (see the module docstring). OpenMPI 4 names the job in OMPI_MCA_ess_base_jobid,
 # OpenMPI 5 (PMIx) in PMIX_NAMESPACE.
-_CONVENTIONS = (
+CONVENTIONS = (
     _Convention("OpenMPI", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
                 "OMPI_COMM_WORLD_LOCAL_SIZE", ("PMIX_NAMESPACE", "OMPI_MCA_ess_base_jobid"), "ompi", True),
     _Convention("MPICH/Intel MPI", "PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID", "MPI_LOCALNRANKS",
@@ -34,19 +40,19 @@ _CONVENTIONS = (
 )
 
 
-def _read_convention(environ, c: _Convention):
-    rank = _int(environ, c.rank)
-    size = _int(environ, c.size, 1)
-    _check_rank(c.launcher, c.rank, rank, c.size, size)
+def read_convention(environ, c: _Convention):
+    rank = int_variable(environ, c.rank)
+    size = int_variable(environ, c.size, 1)
+    check_rank(c.launcher, c.rank, rank, c.size, size)
     job = next((environ[n] for n in c.job_vars if environ.get(n)), None)
     avoid: set[int] = set()
     names = (c.rank, c.size, c.local_rank, c.local_size, *c.job_vars)
     if torchrun_agent_holds_master_port(environ):
         # torchrun names every job without --rdzv-id "none": its store's address tells two jobs apart.
         job = f"{job}@{environ.get('MASTER_ADDR', '')}:{environ.get('MASTER_PORT', '')}"
-        avoid = {p for p in [_opt_int(environ, "MASTER_PORT", 1)] if p is not None}
+        avoid = {p for p in [optional_int_variable(environ, "MASTER_PORT", 1)] if p is not None}
         names += ("TORCHELASTIC_USE_AGENT_STORE",)
-    return _finish(environ, launcher=c.launcher, names=names,
-                   rank=rank, size=size, local_rank=_opt_int(environ, c.local_rank),
-                   local_size=_opt_int(environ, c.local_size, 1),
+    return finish(environ, launcher=c.launcher, names=names,
+                   rank=rank, size=size, local_rank=optional_int_variable(environ, c.local_rank),
+                   local_size=optional_int_variable(environ, c.local_size, 1),
                    launcher_job=f"{c.job_prefix}-{job}" if job else None, mpi=c.mpi, avoid_ports=avoid)

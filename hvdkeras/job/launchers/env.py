@@ -55,7 +55,7 @@ class LaunchEnvError(ValueError):
     """The launcher's environment is inconsistent or incomplete; the message says what to set."""
 
 
-def _int(environ: Mapping[str, str], name: str, minimum: int = 0) -> int:
+def int_variable(environ: Mapping[str, str], name: str, minimum: int = 0) -> int:
     """A variable that must hold an integer: empty is as wrong as malformed."""
     value = env_int(environ, name, minimum=minimum, error=LaunchEnvError)
     if value is None:
@@ -63,7 +63,7 @@ def _int(environ: Mapping[str, str], name: str, minimum: int = 0) -> int:
     return value
 
 
-def _opt_int(environ: Mapping[str, str], name: str, minimum: int = 0) -> int | None:
+def optional_int_variable(environ: Mapping[str, str], name: str, minimum: int = 0) -> int | None:
     return env_int(environ, name, None, minimum=minimum, error=LaunchEnvError)
 
 
@@ -106,7 +106,7 @@ def _port(environ: Mapping[str, str], given: int | None, job_id: str | None, lau
         return given
     # MASTER_PORT, unless torchrun's store holds it: then the port is derived, and is not MASTER_PORT.
     if environ.get("MASTER_PORT", "").strip() and not torchrun_agent_holds_master_port(environ):
-        port = _int(environ, "MASTER_PORT", minimum=1)
+        port = int_variable(environ, "MASTER_PORT", minimum=1)
         if port > 65535:
             raise LaunchEnvError(f"MASTER_PORT must be a TCP port in [1, 65535]. Received: "
                                  f"MASTER_PORT={environ['MASTER_PORT']!r}")
@@ -126,14 +126,14 @@ def _read(environ: Mapping[str, str], names: tuple[str, ...]) -> tuple[str, ...]
     return tuple(f"{n}={environ[n]}" for n in names if n in environ)
 
 
-def _check_rank(launcher: str, rank_name: str, rank: int, size_name: str, size: int) -> None:
+def check_rank(launcher: str, rank_name: str, rank: int, size_name: str, size: int) -> None:
     if rank >= size:
         raise LaunchEnvError(
             f"{launcher}: the rank must be in [0, size). Received: {rank_name}={rank}, {size_name}={size}"
         )
 
 
-def _finish(environ, *, launcher, names, rank, size, local_rank, local_size, launcher_job, launcher_host=None,
+def finish(environ, *, launcher, names, rank, size, local_rank, local_size, launcher_job, launcher_host=None,
             mpi=False, avoid_ports=frozenset()) -> LaunchEnv | None:
     if size == 1:
         return None

@@ -5,7 +5,7 @@ from __future__ import annotations
 import itertools
 import re
 
-from hvdkeras.job.launchers.env import LaunchEnvError, _check_rank, _finish, _int, _opt_int
+from hvdkeras.job.launchers.env import LaunchEnvError, check_rank, finish, int_variable, optional_int_variable
 
 
 def expand_hostlist(hostlist: str) -> list[str]:
@@ -68,19 +68,19 @@ def expand_tasks_per_node(spec: str) -> list[int]:
     return out
 
 
-def _slurm(environ):
+def read_slurm(environ):
     size_name = "SLURM_STEP_NUM_TASKS" if "SLURM_STEP_NUM_TASKS" in environ else "SLURM_NTASKS"
     names = ("SLURM_PROCID", "SLURM_NTASKS", "SLURM_STEP_NUM_TASKS", "SLURM_LOCALID", "SLURM_NODEID",
              "SLURM_STEP_NODELIST", "SLURM_STEP_TASKS_PER_NODE", "SLURM_JOB_ID", "SLURM_STEP_ID")
-    rank = _int(environ, "SLURM_PROCID")
-    size = _int(environ, size_name, 1)
-    _check_rank("Slurm", "SLURM_PROCID", rank, size_name, size)
+    rank = int_variable(environ, "SLURM_PROCID")
+    size = int_variable(environ, size_name, 1)
+    check_rank("Slurm", "SLURM_PROCID", rank, size_name, size)
     nodelist_name = next((n for n in ("SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NODELIST")
                           if environ.get(n, "").strip()), None)
     nodes = expand_hostlist(environ[nodelist_name]) if nodelist_name else []
-    local_rank = _opt_int(environ, "SLURM_LOCALID")
+    local_rank = optional_int_variable(environ, "SLURM_LOCALID")
     tasks_name = next((n for n in ("SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE") if environ.get(n)), None)
-    node_id = _opt_int(environ, "SLURM_NODEID")
+    node_id = optional_int_variable(environ, "SLURM_NODEID")
     local_size = None
     if len(nodes) == 1:
         local_size = size
@@ -91,6 +91,6 @@ def _slurm(environ):
     step = environ.get("SLURM_STEP_ID") or environ.get("SLURM_STEPID") or "0"
     # One node: stay on loopback. Several: rank 0 runs on the step's first node (block and cyclic layouts).
     launcher_host = None if len(nodes) <= 1 else (nodes[0], nodelist_name)
-    return _finish(environ, launcher="Slurm", names=names, rank=rank, size=size, local_rank=local_rank,
+    return finish(environ, launcher="Slurm", names=names, rank=rank, size=size, local_rank=local_rank,
                    local_size=local_size, launcher_job=f"slurm-{job}.{step}" if job else None,
                    launcher_host=launcher_host)

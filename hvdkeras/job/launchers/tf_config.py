@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 
-from hvdkeras.job.launchers.env import LaunchEnvError, _finish
+from hvdkeras.job.launchers.env import LaunchEnvError, finish
 
 TF_CONFIG_TASKS = ("chief", "worker")  # the task types that train, in rank order
 
@@ -16,7 +16,7 @@ def split_address(address: str) -> tuple[str, str]:
     return (host.strip("[]"), port) if host else (address.strip().strip("[]"), "")
 
 
-def _tf_config(environ):
+def read_tf_config(environ):
     """TF_CONFIG, as Kubeflow's TFJob, Ray Train's TensorflowTrainer and tf.distribute's platforms set it:
     `{"cluster": {"chief": ["h0:p"], "worker": ["h1:p", "h2:p"]}, "task": {"type": "worker", "index": 0}}`.
 
@@ -69,6 +69,6 @@ def _tf_config(environ):
     job = "tfconfig-" + hashlib.sha256(json.dumps(ordered).encode()).hexdigest()[:16]
     listed = [a for tasks in cluster.values() for a in (tasks.values() if isinstance(tasks, dict) else tasks)]
     cluster_ports = {int(p) for p in (split_address(str(a))[1] for a in listed) if p.isdigit()}
-    return _finish(environ, launcher="TF_CONFIG", names=("TF_CONFIG",), rank=rank, size=size,
+    return finish(environ, launcher="TF_CONFIG", names=("TF_CONFIG",), rank=rank, size=size,
                    local_rank=local_rank, local_size=local_size, launcher_job=job,
                    launcher_host=(hosts[0], "TF_CONFIG"), avoid_ports=cluster_ports)
