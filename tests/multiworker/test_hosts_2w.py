@@ -35,9 +35,9 @@ def node_command(hosts: LabHosts, node: int, args: list[str], port: int, *extra:
 @pytest.mark.parametrize("kind", SCRIPTS)
 def test_ssh_less_run_on_each_host_forms_one_job(hosts, tmp_path, kind):
     """With "plain", the job has a secret (the same file on both hosts), and a process on the second host that
-    knows the job id and port but not the secret tries to register, read the table and stall the rendezvous
-    while the job forms: it is refused each time, the job forms and trains, and the secret appears in no
-    command line and no output."""
+    knows the job id and port but not the secret tries to register, read the table, read, write and delete
+    Horovod's own keys, and stall the rendezvous while the job forms: it is refused each time, the job forms and
+    trains, and the secret appears in no command line and no output."""
     port = 29610 + SCRIPTS.index(kind)
     extra, env, started, secret = (), {}, [], None
     if kind == "plain":
@@ -59,6 +59,7 @@ def test_ssh_less_run_on_each_host_forms_one_job(hosts, tmp_path, kind):
         print("the intruder's answers:", {k: sorted(set(v)) if isinstance(v, list) else v for k, v in answers.items()})
         assert answers["register"] and set(answers["register"]) == {401}, answers
         assert answers["table"] and set(answers["table"]) == {401}, answers
+        assert answers["horovod"] and set(answers["horovod"]) == {401}, answers
         assert set(answers["stall"]) <= {"400"}, answers
         assert f"refused PUT '/hvdkeras/register' from {hosts.addr['hostb']}" in results[0].output
         assert seen and not any(secret in line for line in seen), "the secret is on a command line"

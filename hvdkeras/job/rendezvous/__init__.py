@@ -2,7 +2,8 @@
 
 Rank 0 hosts Horovod's own HTTP rendezvous (`registry`); every worker registers there and waits for the
 whole table (`client`), each request signed with the job's secret where HVDKERAS_SECRET_FILE gives one
-(`hvdkeras.job.auth`). From the table every worker computes the same local and cross ranks (whatever the
+(`hvdkeras.job.auth`); with a secret, Horovod's own key-value requests go through a signing relay on each
+worker's loopback (`relay`). From the table every worker computes the same local and cross ranks (whatever the
 launcher's task layout), sets Horovod's variables and lets `hvd.init()` form the job. Once formed, a
 failure that comes from a lost peer is explained by `diagnosis`. Every way this can fail raises its own
 `RendezvousError` subclass (`errors`) within HVDKERAS_RENDEZVOUS_TIMEOUT seconds (default 60).
@@ -37,12 +38,13 @@ from hvdkeras.job.rendezvous.errors import (
     RendezvousTimeoutError,
 )
 from hvdkeras.job.rendezvous.registry import Registry, Server, assign, host_slots
+from hvdkeras.job.rendezvous.relay import Relay
 
 __all__ = [
     "Formed", "Probe", "Registry", "RendezvousAddressError", "RendezvousAuthError", "RendezvousBindError",
     "RendezvousConflictError", "RendezvousConnectionError", "RendezvousError", "RendezvousOtherJobError",
     "RendezvousPortInUseError", "RendezvousProtocolError", "RendezvousSizeError", "RendezvousTimeoutError",
-    "SecretError", "Server", "assign", "form", "host_slots", "init_watchdog", "join", "rendezvous_timeout",
+    "Relay", "SecretError", "Server", "assign", "form", "host_slots", "init_watchdog", "join", "rendezvous_timeout",
     "resolve", "stop", "unreachable_peers",
 ]
 
@@ -60,6 +62,7 @@ class Formed:
     peers: dict[int, dict]
     server: Server | None
     probe: Probe | None = None
+    relay: Relay | None = None
     local_rank: int = 0
     local_size: int = 1
     cross_rank: int = 0
@@ -103,9 +106,11 @@ def form(env: LaunchEnv, environ: MutableMapping[str, str] | None = None) -> For
         raise
     mine = assign(peers)[env.rank]
     stall = given.stall_timeout
+    # With a secret, Horovod's keys go through this worker's signing relay (rank 0 answers signed requests only).
+    relay = Relay((ip, env.rendezvous_port), secret) if secret else None
     environ.update({
-        "HOROVOD_GLOO_RENDEZVOUS_ADDR": ip,
-        "HOROVOD_GLOO_RENDEZVOUS_PORT": str(env.rendezvous_port),
+        "HOROVOD_GLOO_RENDEZVOUS_ADDR": relay.httpd.server_address[0] if relay else ip,
+        "HOROVOD_GLOO_RENDEZVOUS_PORT": str(relay.port if relay else env.rendezvous_port),
         "HOROVOD_CONTROLLER": "gloo",
         "HOROVOD_CPU_OPERATIONS": "gloo",
         "HOROVOD_GLOO_IFACE": iface,
@@ -120,7 +125,7 @@ def form(env: LaunchEnv, environ: MutableMapping[str, str] | None = None) -> For
     for name, value in settings.horovod_stall_environ(stall).items():
         environ.setdefault(name, value)
     install_excepthook(peers, env.rank)
-    _active = Formed(env=env, peers=peers, server=server, probe=probe, local_rank=mine["local_rank"],
+    _active = Formed(env=env, peers=peers, server=server, probe=probe, relay=relay, local_rank=mine["local_rank"],
                      local_size=mine["local_size"], cross_rank=mine["cross_rank"], cross_size=mine["cross_size"])
     return _active
 
@@ -163,5 +168,7 @@ def stop() -> None:
             _active.server.stop()
         if _active.probe is not None:
             _active.probe.close()
+        if _active.relay is not None:
+            _active.relay.stop()
     restore_excepthook()
     _active = None

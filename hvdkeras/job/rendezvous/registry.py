@@ -4,14 +4,15 @@ The server is Horovod's own RendezvousHTTPServer, bound to the address the worke
 interface), for as long as rank 0's process runs. Before Horovod starts, every worker registers with its
 job id, rank, size and host; the registry admits only workers of this job, refuses a second claim on a
 rank and a size that differs from rank 0's, and answers Horovod's own requests only from the hosts of
-admitted workers, once all ranks are in. With the job's secret (hvdkeras.job.auth) the registration and the table
-answer signed requests only; Horovod's own key-value requests (Gloo's C++ store, which cannot sign) keep the
-admission by host.
+admitted workers, once all ranks are in. With the job's secret (hvdkeras.job.auth) every endpoint answers signed
+requests only: the registration, the table, and Horovod's own key-value requests, which each worker's relay
+(`relay`) signs for Gloo's C++ store.
 """
 
 from __future__ import annotations
 
 import errno
+import io
 import json
 import logging
 import threading
@@ -236,9 +237,16 @@ def _handler_class(base):
                                               f"{received(data)}") from None
                     status, payload = self.server.registry.register(check_entry(entry), self.client_address[0])
                     self._reply(status, payload)
-                elif not self._refused():
-                    self._length(MAX_KV_BYTES)  # Horovod's own handler reads the body
-                    super().do_PUT()
+                elif self.server.registry.verifier is None:
+                    if not self._refused():
+                        self._length(MAX_KV_BYTES)  # Horovod's own handler reads the body
+                        super().do_PUT()
+                else:
+                    data = self._body(MAX_KV_BYTES)
+                    if not self._unsigned(data) and not self._refused():
+                        self.rfile = io.BytesIO(data)  # what Horovod's own handler reads, checked
+                        self.close_connection = True
+                        super().do_PUT()
             except BadRequest as err:
                 self._refuse(err.status, str(err))
 
@@ -247,11 +255,11 @@ def _handler_class(base):
             if scope == SCOPE and key == "table":
                 if not self._unsigned():
                     self._reply(200, self.server.registry.table())
-            elif not self._refused():
+            elif not self._unsigned() and not self._refused():
                 super().do_GET()
 
         def do_DELETE(self):
-            if not self._refused():
+            if not self._unsigned() and not self._refused():
                 super().do_DELETE()
 
     return Handler

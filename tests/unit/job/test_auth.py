@@ -6,6 +6,7 @@ test with a foreign process on a test host: tests/multiworker/test_hosts_2w.py."
 import json
 import logging
 import os
+import socket
 import subprocess
 import sys
 
@@ -127,3 +128,94 @@ def test_hvdkeras_run_gives_a_one_node_job_a_secret_of_its_own_in_a_file(tmp_pat
     shown = json.loads(line[line.index("{"):])
     assert shown["mode"] == 0o600 and shown["bytes"] == 64
     assert not os.path.exists(shown["path"])  # removed when the job ended
+
+
+def test_horovods_own_keys_need_a_signature_and_each_workers_relay_signs_them(guarded, caplog):
+    # Once the job is complete, Horovod's key-value requests from the workers' hosts: unsigned ones are refused
+    # (401, logged), whoever sends them; through a worker's relay (what Gloo's C++ store talks to) they are signed
+    # and Horovod's answers come back unchanged: 404 for a key not yet set, the value once it is.
+    port, reg = guarded
+    for rank in (0, 1):
+        assert exchange(port, signed_put("/hvdkeras/register", json.dumps(entry(rank)).encode()))[0] == 200
+    assert exchange(port, put("/global/0", b"address-of-rank-0"))[0] == 401
+    assert exchange(port, b"GET /global/0 HTTP/1.1\r\nHost: x\r\n\r\n")[0] == 401
+    assert exchange(port, b"DELETE /global/0 HTTP/1.1\r\nHost: x\r\n\r\n")[0] == 401
+    assert "refused PUT '/global/0' from 127.0.0.1:" in caplog.text
+    relay = R.Relay(("127.0.0.1", port), SECRET)
+    try:
+        assert "s" * 32 not in repr(relay)
+        # The unsigned PUT above never reached Horovod's store.
+        assert exchange(relay.port, b"GET /global/0 HTTP/1.1\r\nHost: x\r\n\r\n")[0] == 404
+        assert exchange(relay.port, put("/global/0", b"address-of-rank-0"))[0] == 200
+        status, value = exchange(relay.port, b"GET /global/0 HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert (status, value) == (200, "address-of-rank-0")
+        assert exchange(relay.port, b"DELETE /global/0 HTTP/1.1\r\nHost: x\r\n\r\n")[0] == 200
+    finally:
+        relay.stop()
+    relay = R.Relay(("127.0.0.1", free_port()), SECRET)  # rank 0 unreachable: Horovod's client sees a 502, retries
+    try:
+        assert exchange(relay.port, b"GET /global/0 HTTP/1.1\r\nHost: x\r\n\r\n")[0] == 502
+    finally:
+        relay.stop()
+
+
+def _status_as(uid: int, gid: int, port: int) -> str:
+    """The status the relay on `port` answers a GET from a process of user `uid` (a child of this one)."""
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: only system calls, then out
+        try:
+            os.setgid(gid)
+            os.setuid(uid)
+            with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+                sock.sendall(b"GET /global/0 HTTP/1.0\r\n\r\n")
+                os.write(write, sock.recv(64).split()[1])
+        finally:
+            os._exit(0)
+    os.close(write)
+    try:
+        return os.read(read, 16).decode()
+    finally:
+        os.close(read)
+        os.waitpid(pid, 0)
+
+
+def test_the_relay_serves_its_own_user_only():
+    if os.getuid() != 0:
+        pytest.skip("needs root, to connect as another user")
+    import pwd
+
+    other = pwd.getpwnam("nobody")
+    relay = R.Relay(("127.0.0.1", free_port()), SECRET)
+    try:
+        assert _status_as(other.pw_uid, other.pw_gid, relay.port) == "403"
+        assert _status_as(os.getuid(), os.getgid(), relay.port) == "502"  # served: rank 0 is not there
+    finally:
+        relay.stop()
+
+
+def test_peer_uid_reads_the_owner_of_the_connecting_socket(tmp_path):
+    table = tmp_path / "tcp"
+    table.write_text(
+        "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode\n"
+        "   0: 0100007F:9C40 0100007F:1F90 01 00000000:00000000 00:00000000 00000000  1000        0 1\n"
+        "   1: 0100007F:1F90 0100007F:9C40 01 00000000:00000000 00:00000000 00000000     0        0 2\n")
+    from hvdkeras.job.rendezvous.relay import peer_uid
+
+    assert peer_uid(("127.0.0.1", 0x9C40), 0x1F90, str(table)) == 1000
+    assert peer_uid(("127.0.0.1", 0x9C41), 0x1F90, str(table)) is None
+    assert peer_uid(("127.0.0.1", 0x9C40), 0x1F90, str(tmp_path / "none")) is None
+
+
+def test_the_verifier_forgets_nonces_past_twice_the_window_and_still_refuses_every_replay_within_it():
+    clock = [1000.0]
+    verifier = auth.Verifier(SECRET, window=60, clock=lambda: clock[0])
+    first = auth.sign(SECRET, "GET", "/global/0", now=1000.0)
+    assert verifier.refusal("GET", "/global/0", first) is None
+    for step in range(1, 13001):  # Gloo's polling: 100 requests a second for 130 s
+        clock[0] = 1000.0 + step / 100
+        assert verifier.refusal("GET", "/global/0", auth.sign(SECRET, "GET", "/global/0", now=clock[0])) is None
+        if step == 5000:
+            assert "replayed" in verifier.refusal("GET", "/global/0", first)
+    assert len(verifier._seen) <= 120 * 100 + 1  # the oldest are gone
+    assert "outside the 60 s window" in verifier.refusal("GET", "/global/0", first)
