@@ -35,7 +35,7 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 import hvdkeras as hvd  # noqa: E402
-from hvdkeras import sharding  # noqa: E402
+from hvdkeras.reduce import sharded_state  # noqa: E402
 
 hvd.init()
 keras.utils.set_random_seed(0)
@@ -78,7 +78,7 @@ def nbytes(variables):
     return int(sum(np.prod(v.shape) * tf.as_dtype(v.dtype).size for v in variables))
 
 
-slots = sharding.slots(opt.inner_optimizer)
+slots = sharded_state.slots(opt.inner_optimizer)
 result = {
     "rank": hvd.rank(), "size": hvd.size(), "shard": args.shard, "width": args.width, "layers": args.layers,
     "params": int(model.count_params()), "optimizer_state_bytes": nbytes(slots),

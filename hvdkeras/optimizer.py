@@ -20,14 +20,13 @@ from keras.optimizers import LossScaleOptimizer
 
 from hvdkeras import _collectives as C
 from hvdkeras import compression as _compression
-from hvdkeras import patches, rank_zero, sharding
+from hvdkeras import patches, rank_zero
 from hvdkeras._checks import check_number
 from hvdkeras.learning_rate import as_float
 from hvdkeras.reduce import BUILT_IN, Reducer, make_reducer
 from hvdkeras.reduce.allreduce import reduce_gradients
 from hvdkeras.reduce.context import in_xla_context, reducing
 from hvdkeras.reduce.options import OPS_BY_NAME, ReductionOptions
-from hvdkeras.reduce.reduce_scatter import all_gather_variables
 from hvdkeras.strategy import check_strategy
 from hvdkeras.variables import VariableList, var_id
 
@@ -277,14 +276,11 @@ class DistributedOptimizer(keras.optimizers.Optimizer, metaclass=_Factory):
         self._reducer = reducer if isinstance(reducer, Reducer) else make_reducer(options, self._local_set)
         if isinstance(reducer, Reducer):
             reducer.bind(options, self._local_set)
-        self._layout = None  # the unsharded optimizer's variable order, found when first saved or loaded
-        self._gathered = None  # the full state gathered by consolidate_state, until the next save
-        self._loaded = None  # the full state rank 0 alone loaded, until share_loaded_state
         self._gathered_workers = None  # every worker's own reducer state, gathered by consolidate_state
         self._loaded_workers = None  # every worker's own reducer state rank 0 alone loaded, until shared
         # Set by hvdkeras.xla for a model that keeps XLA: the inner optimizer's update, after the reduction, is
-        # compiled with XLA as Keras's own compiled step compiles it (unsharded only: a sharded update holds
-        # collectives, the all-reduced norm or finiteness check).
+        # compiled with XLA as Keras's own compiled step compiles it (where the reducer's optimizer_state is
+        # `compilable`: a sharded update holds collectives, the all-reduced norm or finiteness check).
         self.xla_update = False
         self._compiled_updates: dict = {}
 
@@ -358,35 +354,10 @@ class DistributedOptimizer(keras.optimizers.Optimizer, metaclass=_Factory):
         inner.load_own_variables = load_then_own
 
     def _save_inner_variables(self, store):
-        if self._shard is None:
-            self.inner_optimizer.save_own_variables(store)
-            return
-        values, self._gathered = self._gathered, None
-        if values is None:
-            if rank_zero.in_solo():
-                raise RuntimeError(
-                    "This optimizer's state is sharded across the workers (shard_optimizer_state=True), and it is "
-                    "being saved on rank 0 alone, where the other workers' parts cannot be gathered. Call "
-                    "`optimizer.consolidate_state()` on every worker before a rank-0-only save, or save with "
-                    "hvdkeras.callbacks.ModelCheckpoint / BackupAndRestore, which do it.")
-            values = self.gather_state()
-        for j, value in enumerate(values):
-            store[str(j)] = value
+        self._state.save(self.inner_optimizer, store, alone=rank_zero.in_solo())
 
     def _load_inner_variables(self, store):
-        if self._shard is None:
-            self.inner_optimizer.load_own_variables(store)
-            return
-        layout = self._state_layout()
-        if len(store.keys()) != len(layout):
-            raise ValueError(
-                f"The saved optimizer state has {len(store.keys())} variables, and {type(unwrap(self)).__name__} "
-                f"built on these {len(self._shard.variables)} trainable variables has {len(layout)}: the file "
-                "was saved from another model or optimizer.")
-        values = [store[str(j)] for j in range(len(layout))]
-        sharding.assign_state(self.inner_optimizer, layout, self._shard, values)
-        if rank_zero.in_solo():  # loaded on one worker only: kept for share_loaded_state, the others' parts too
-            self._loaded = [np.asarray(v) for v in values]
+        self._state.load(self.inner_optimizer, store, alone=rank_zero.in_solo())
 
     def share_loaded_state(self, root_rank: int = 0) -> bool:
         """Gives every worker its part of the state `root_rank` alone loaded (a restored backup): its shard of
@@ -395,11 +366,7 @@ class DistributedOptimizer(keras.optimizers.Optimizer, metaclass=_Factory):
         Returns:
             Whether root_rank had loaded one (each worker then holds its part of it).
         """
-        shared = False
-        if self._shard is not None:
-            values, self._loaded = self._loaded, None
-            shared = sharding.broadcast_state(self.inner_optimizer, self._state_layout(), self._shard, values,
-                                              root_rank)
+        shared = self._state.share_loaded(self.inner_optimizer, root_rank)
         if self._worker_state():
             values, self._loaded_workers = self._loaded_workers, None
             # A plain dict (an optimizer's attributes are tracked by Keras, in wrappers that do not pickle).
@@ -437,27 +404,20 @@ class DistributedOptimizer(keras.optimizers.Optimizer, metaclass=_Factory):
         return self._reducer
 
     @property
-    def _shard(self):
-        # Who owns which variable's state: the reducer's shard, None where every worker updates every variable.
-        return self._reducer.shard
+    def _state(self):
+        # How the inner optimizer keeps its state: whole, or in the workers' parts (the reduce-scatter's).
+        return self._reducer.optimizer_state
 
     # ----------------------------------------------------------------------------------- sharded state
     @property
     def sharded(self) -> bool:
         """Whether this worker holds only its part of the state (shard_optimizer_state=True, once built)."""
-        return self._shard is not None
-
-    def _state_layout(self) -> list:
-        if self._layout is None:
-            self._layout = sharding.full_layout(self.inner_optimizer, self._shard.variables)
-        return self._layout
+        return self._reducer.shard is not None
 
     def gather_state(self) -> list:
         """The inner optimizer's full state, as numpy arrays in the order a plain Keras optimizer of its kind
         saves them, on every worker. Collective: every worker must call it."""
-        if self._shard is None:
-            return [v.numpy() for v in self.inner_optimizer.variables]
-        return sharding.gather_state(self.inner_optimizer, self._state_layout(), self._shard, self.options)
+        return self._state.gather(self.inner_optimizer)
 
     def consolidate_state(self) -> None:
         """Gathers the full state now, on every worker, for the next save: so rank 0 alone can save afterwards.
@@ -466,8 +426,7 @@ class DistributedOptimizer(keras.optimizers.Optimizer, metaclass=_Factory):
         ZeroRedundancyOptimizer.consolidate_state_dict). Without it, a sharded optimizer gathers when
         `model.save` is called, which every worker must then do. A no-op without sharding.
         """
-        if self._shard is not None:
-            self._gathered = self.gather_state()
+        self._state.consolidate(self.inner_optimizer)
         own = self._worker_state()
         if own:
             self._gathered_workers = {
@@ -479,7 +438,7 @@ class DistributedOptimizer(keras.optimizers.Optimizer, metaclass=_Factory):
         """Whether a checkpoint of this optimizer needs every worker (consolidate_state before rank 0 saves,
         share_loaded_state after rank 0 loads): its state is sharded, or its reducer keeps state of each
         worker's own."""
-        return self._shard is not None or bool(self._worker_state())
+        return self._state.collective or bool(self._worker_state())
 
     def _local_slots(self) -> list:
         """The inner optimizer's slots when each worker updates alone between synchronisations (local SGD,
@@ -501,15 +460,10 @@ class DistributedOptimizer(keras.optimizers.Optimizer, metaclass=_Factory):
 
     def shard_variables(self) -> list:
         """This worker's own slots, which differ between workers (sharded); empty when not sharded."""
-        return [] if self._shard is None else sharding.slots(self.inner_optimizer)
+        return self._state.slots(self.inner_optimizer)
 
     def finalize_variable_values(self, var_list):
-        if self._shard is None:
-            self.inner_optimizer.finalize_variable_values(var_list)
-            return
-        var_list = list(var_list)
-        self.inner_optimizer.finalize_variable_values([v for v in var_list if self._shard.owns(v)])
-        all_gather_variables(var_list, self._shard, self.options)
+        self._state.finalize(self.inner_optimizer, var_list)
 
     def exclude_from_weight_decay(self, var_list=None, var_names=None):
         self.inner_optimizer.exclude_from_weight_decay(var_list=var_list, var_names=var_names)
@@ -540,10 +494,7 @@ class DistributedOptimizer(keras.optimizers.Optimizer, metaclass=_Factory):
             ]
         with tf.init_scope():  # the reducer's state variables are made outside a traced step
             self._reducer.build(var_list)
-        if self._shard is not None:
-            self._build_sharded()
-        elif not self.inner_optimizer.built:  # e.g. restored by load_model, then wrapped
-            self.inner_optimizer.build(self._reducer.updated(var_list))
+        self.inner_optimizer = self._state.build(self.inner_optimizer, self._reducer.updated(var_list))
         # The base optimizer's build, named, as in __init__: not LossScaleOptimizer.build for the loss-scale variant.
         keras.optimizers.Optimizer.build(self, var_list)
 
@@ -551,24 +502,7 @@ class DistributedOptimizer(keras.optimizers.Optimizer, metaclass=_Factory):
         """Re-shards the state over the workers there are now (after an elastic resize), taking the slots from
         `values`, the full state (`gather_state()`'s result) that `root_rank` holds. Collective: every worker
         calls it; the others pass None. A no-op without sharding."""
-        if self._shard is None:
-            return
-        with tf.init_scope():
-            self._reducer.build(self._shard.variables)
-            self.inner_optimizer = sharding.rebuilt(self.inner_optimizer, self._shard)
-            sharding.install_cross_worker_rules(self.inner_optimizer, self._shard, self.options)
-            sharding.broadcast_state(self.inner_optimizer, self._state_layout(), self._shard, values, root_rank,
-                                     slots_only=True)
-
-    def _build_sharded(self):
-        # Keras may build inside the traced train step; the state's layout is read from eager copies.
-        with tf.init_scope():
-            if self.inner_optimizer.built:  # restored in full (load_model), then wrapped: keep this worker's part
-                self.inner_optimizer = sharding.reshard(self.inner_optimizer, self._shard)
-            else:
-                self.inner_optimizer.build(self._reducer.updated(self._shard.variables))
-            sharding.install_cross_worker_rules(self.inner_optimizer, self._shard, self.options)
-            self._state_layout()  # an optimizer that cannot be sharded says so now, not at the first save
+        self.inner_optimizer = self._state.rebuild(self.inner_optimizer, values, root_rank)
 
     # ------------------------------------------------------------------------------------------ applying
     def apply(self, grads, trainable_variables=None):
@@ -639,14 +573,14 @@ class DistributedOptimizer(keras.optimizers.Optimizer, metaclass=_Factory):
         """Reduce, the inner optimizer's update of what the reducer returned, after-apply: the same for every
         reducer."""
         reduced = self._reducer.reduce(grads, trainable_variables)
-        sharding.check_update_gradients(self.inner_optimizer, reduced.grads)
+        self._state.check_update(self.inner_optimizer, reduced.grads)
         self._update(reduced.grads, reduced.variables)
         self._reducer.after_apply(reduced)
 
     def _update(self, grads: list, variables: list) -> None:
         """The inner optimizer's update of the reduced gradients: compiled with XLA when `xla_update` is on
         (one compiled function per list of variables, which it holds; the gradients are its arguments)."""
-        if not self.xla_update or self._shard is not None:
+        if not self.xla_update or not self._state.compilable:
             self.inner_optimizer.apply(grads, variables)
             return
         key = tuple(id(v) for v in variables)

@@ -12,7 +12,9 @@ and knows no optimizer: its inputs are gradients and variables.
 - `reduce(grads, variables, name)`: the gradients in; the reduced gradients of the variables this worker
   updates out, with whatever `after_apply` needs (`Reduced`).
 - `after_apply(reduced)`: a step after the update (the reduce-scatter's all-gather of the updated variables).
-- `shard`: who owns which variable (a `reduce_scatter.Shard`), or None where every worker updates every one.
+- `shard`: who owns which variable (a `shard.Shard`), or None where every worker updates every one.
+- `optimizer_state`: how the optimizer that applies the reduced gradients keeps its state (`OptimizerState`):
+  whole on every worker, or in the owners' parts (the reduce-scatter's `sharded_state.ShardedState`).
 - `bind(options, local)`: the DistributedOptimizer's (or tape's) options and local variables, for a reducer
   made without its own (`bind_defaults`).
 
@@ -41,10 +43,68 @@ class Reduced:
     pending: Any = None
 
 
+class OptimizerState:
+    """How the optimizer that applies a reducer's gradients keeps its state: whole, on every worker (this class:
+    every reducer's but the reduce-scatter's), or in parts (`sharded_state.ShardedState`). DistributedOptimizer
+    builds, updates, saves and loads its inner optimizer through this and never asks which it is.
+
+    `collective`: whether a save or load needs every worker (a gather before rank 0 saves alone, a share after
+    rank 0 loads alone). `compilable`: whether the update may be compiled with XLA (it holds no collective).
+    `alone` (save, load): rank 0 saves or loads by itself, the other workers not taking part.
+    """
+
+    collective = False
+    compilable = True
+
+    def build(self, optimizer: Any, updated: Sequence[Any]) -> Any:
+        """The optimizer to apply the reduced gradients of `updated` (this worker's variables), built."""
+        if not optimizer.built:  # e.g. restored by load_model, then wrapped
+            optimizer.build(list(updated))
+        return optimizer
+
+    def rebuild(self, optimizer: Any, values: Any, root_rank: int) -> Any:
+        """The optimizer for the workers there are now (after an elastic resize), its state from `values` (the
+        full state `root_rank` holds, `gather`'s result). Collective where the state is in parts."""
+        return optimizer
+
+    def check_update(self, optimizer: Any, grads: Sequence[Any]) -> None:
+        """Raises where this worker's update of `grads` would leave the other workers waiting."""
+        return None
+
+    def finalize(self, optimizer: Any, variables: Sequence[Any]) -> None:
+        """The optimizer's last word on the model's variables after training (EMA's average, say)."""
+        optimizer.finalize_variable_values(list(variables))
+
+    def save(self, optimizer: Any, store: Any, alone: bool) -> None:
+        """Writes the optimizer's full state into `store`, as a plain Keras optimizer of its kind saves it."""
+        optimizer.save_own_variables(store)
+
+    def load(self, optimizer: Any, store: Any, alone: bool) -> None:
+        """Sets the optimizer's state from `store` (a full state, as `save` writes it)."""
+        optimizer.load_own_variables(store)
+
+    def gather(self, optimizer: Any) -> list:
+        """The optimizer's full state, as numpy arrays in the order a plain Keras optimizer saves it."""
+        return [v.numpy() for v in optimizer.variables]
+
+    def consolidate(self, optimizer: Any) -> None:
+        """Gathers the full state now, on every worker, for rank 0's next `save(alone=True)`."""
+        return None
+
+    def share_loaded(self, optimizer: Any, root_rank: int) -> bool:
+        """Gives every worker its part of a state `root_rank` loaded alone; whether there was one."""
+        return False
+
+    def slots(self, optimizer: Any) -> list:
+        """This worker's own slots, which differ between workers (empty where the state is whole)."""
+        return []
+
+
 class Reducer:
     """The interface (see the module's doc). Subclasses implement `reduce`; the rest has defaults."""
 
     shard: Any = None
+    optimizer_state: OptimizerState = OptimizerState()  # keeps nothing of its own: one serves every reducer
     updates_after_apply: bool = False
     averages: bool = False
     updates_locally: bool = False

@@ -20,7 +20,7 @@ from hvdkeras import xla  # noqa: E402
 import keras  # noqa: E402
 import tensorflow as tf  # noqa: E402
 from hvdkeras import _collectives as C  # noqa: E402
-from hvdkeras.sharding import slots  # noqa: E402
+from hvdkeras.reduce.sharded_state import slots  # noqa: E402
 
 hvd.init()
 RANK, SIZE = hvd.rank(), hvd.size()
@@ -181,7 +181,7 @@ if RANK == 0:
 
 # consolidate_state, then rank 0 alone saves: the Horovod idiom.
 model.optimizer.consolidate_state()
-result["consolidated_sums"] = sums(model.optimizer._gathered)
+result["consolidated_sums"] = sums(model.optimizer.reducer.optimizer_state._gathered)
 if RANK == 0:
     model.save(os.path.join(out_dir(), "rank0-only.keras"))
 C.barrier()

@@ -10,6 +10,7 @@ from hvdkeras import _collectives as C
 from hvdkeras.reduce import reduce_scatter
 from hvdkeras.reduce.groups import dense_groups
 from hvdkeras.reduce.options import ReductionOptions
+from hvdkeras.reduce.shard import EVERY, Shard, partition
 
 
 def stack(widths=(4, 8, 16, 2), seed=0):
@@ -20,7 +21,7 @@ def stack(widths=(4, 8, 16, 2), seed=0):
 # ---------------------------------------------------------------------------------------------- partition
 def test_partition_balances_each_bucket_and_the_total():
     sizes = [100, 10, 100, 10, 50, 50, 7]
-    owners = reduce_scatter.partition(sizes, [[0, 1, 2, 3], [4, 5, 6]], 2)
+    owners = partition(sizes, [[0, 1, 2, 3], [4, 5, 6]], 2)
     assert owners[0] != owners[2] and owners[4] != owners[5]
     per = [sum(s for s, o in zip(sizes, owners) if o == r) for r in (0, 1)]
     assert abs(per[0] - per[1]) <= 10
@@ -28,15 +29,15 @@ def test_partition_balances_each_bucket_and_the_total():
 
 def test_partition_is_deterministic_and_leaves_unbucketed_variables_to_every_worker():
     sizes = [5, 5, 5, 5]
-    assert reduce_scatter.partition(sizes, [[0, 1, 2]], 2) == reduce_scatter.partition(sizes, [[0, 1, 2]], 2)
-    assert reduce_scatter.partition(sizes, [[0, 1, 2]], 2)[3] == reduce_scatter.EVERY
+    assert partition(sizes, [[0, 1, 2]], 2) == partition(sizes, [[0, 1, 2]], 2)
+    assert partition(sizes, [[0, 1, 2]], 2)[3] == EVERY
 
 
 @pytest.mark.parametrize("n", [1, 2, 3, 4])
 def test_shard_gives_every_variable_one_owner(n):
     model = stack((4, 8, 16, 8, 2))
     variables = model.trainable_variables
-    shard = reduce_scatter.Shard.make(variables, ReductionOptions(bucket_bytes=0), frozenset(), 0, n)
+    shard = Shard.make(variables, ReductionOptions(bucket_bytes=0), frozenset(), 0, n)
     assert sorted(set(shard.owners)) == list(range(n))
     assert sum(shard.elements_by_worker()) == sum(int(np.prod(v.shape)) for v in variables)
     assert [shard.owns(v) for v in variables] == [o == 0 for o in shard.owners]
@@ -45,7 +46,7 @@ def test_shard_gives_every_variable_one_owner(n):
 def test_more_workers_than_variables_is_a_clear_error():
     model = stack((3, 2))  # two variables
     with pytest.raises(ValueError, match=r"2 shared variables for 4 workers leave workers \[2, 3\]"):
-        reduce_scatter.Shard.make(model.trainable_variables, ReductionOptions(bucket_bytes=0), frozenset(), 0, 4)
+        Shard.make(model.trainable_variables, ReductionOptions(bucket_bytes=0), frozenset(), 0, 4)
 
 
 # ------------------------------------------------------------------------------------------ reduce-scatter
@@ -66,7 +67,7 @@ def test_reduce_scatter_packs_each_bucket_by_owner_and_returns_only_owned_gradie
     model = stack((4, 8, 16, 8))  # kernels 32, 128, 128 and biases 8, 16, 8
     variables = model.trainable_variables
     options = ReductionOptions(bucket_bytes=0, op=C.Sum)
-    shard = reduce_scatter.Shard.make(variables, options, frozenset(), rank, 2)
+    shard = Shard.make(variables, options, frozenset(), rank, 2)
     grads = [tf.fill(v.shape, float(i + 1)) for i, v in enumerate(variables)]
     out, unused = reduce_scatter.reduce_scatter_gradients(grads, variables, shard, options)
     assert unused == []  # this worker owns part of the one bucket
@@ -94,7 +95,7 @@ def test_a_bucket_that_would_pad_past_an_allreduce_is_all_reduced(fake_seam):
     # 4 workers, one variable each: padding 4 segments to the 64x64 kernel would send > 2 x the bucket.
     variables = model.trainable_variables
     options = ReductionOptions(bucket_bytes=0)
-    shard = reduce_scatter.Shard.make(variables, options, frozenset(), 0, 4)
+    shard = Shard.make(variables, options, frozenset(), 0, 4)
     out, _ = reduce_scatter.reduce_scatter_gradients([tf.ones_like(v) for v in variables], variables, shard, options)
     assert calls == [] and fake_seam.calls == [("grouped_allreduce", 4, C.Average)]
     assert [g is not None for g in out] == [shard.owns(v) for v in variables]
@@ -106,7 +107,7 @@ def test_a_bucket_this_worker_owns_nothing_of_is_returned_as_unused(fake_seam, m
     model = stack((4, 8, 16, 8))
     variables = model.trainable_variables
     options = ReductionOptions(bucket_bytes=1)  # one bucket per variable: half of them are not this worker's
-    shard = reduce_scatter.Shard.make(variables, options, frozenset(), 1, 2)
+    shard = Shard.make(variables, options, frozenset(), 1, 2)
     monkeypatch.setattr(reduce_scatter, "balanced_groups", lambda groups, *_: [list(g) for g in groups])
     grads = [tf.ones_like(v) for v in variables]
     out, unused = reduce_scatter.reduce_scatter_gradients(grads, variables, shard, options)
@@ -120,7 +121,7 @@ def test_balanced_groups_merge_single_variable_buckets_until_the_parts_are_even(
     model = keras.Sequential([keras.Input((32,))] + [keras.layers.Dense(32, use_bias=False) for _ in range(4)])
     variables = model.trainable_variables  # four 32x32 kernels, one bucket each
     options = ReductionOptions(bucket_bytes=1)
-    shard = reduce_scatter.Shard.make(variables, options, frozenset(), 0, 2)
+    shard = Shard.make(variables, options, frozenset(), 0, 2)
     buckets = dense_groups(list(range(4)), variables, options)
     assert len(buckets) == 4
     groups = reduce_scatter.balanced_groups(buckets, variables, shard.owner, shard.size)
@@ -135,7 +136,7 @@ def test_the_gather_assigns_every_variable_on_every_worker_so_no_allgather_is_pr
     model = stack((4, 8, 16, 8))
     variables = model.trainable_variables
     options = ReductionOptions(bucket_bytes=1)
-    shard = reduce_scatter.Shard.make(variables, options, frozenset(), 0, 2)
+    shard = Shard.make(variables, options, frozenset(), 0, 2)
 
     @tf.function
     def step():

@@ -1,9 +1,10 @@
-"""The optimizer's state sharded across workers (ZeRO stages 1 and 2): DistributedOptimizer(shard_optimizer_state=True).
+"""The optimizer's state in the owners' parts (ZeRO stages 1 and 2): the reduce-scatter reducer's
+`optimizer_state` (DistributedOptimizer(shard_optimizer_state=True)).
 
 hvdkeras.reduce.reduce_scatter partitions the trainable variables by whole variables, reduces each gradient to
-its owner, and all-gathers the updated variables. This module keeps the inner optimizer's side of it: the
-optimizer is built on its owner's variables only, so each slot (a moment, a velocity, Adafactor's factored
-second moments) exists once in the job instead of once per worker.
+its owner, and all-gathers the updated variables. This module keeps the inner optimizer's side of it
+(`ShardedState`): the optimizer is built on its owner's variables only, so each slot (a moment, a velocity,
+Adafactor's factored second moments) exists once in the job instead of once per worker.
 
 Whole variables keep every per-variable rule of Keras's optimizers exact and unmodified (clipnorm,
 Adafactor's factored moments, Lamb's trust ratio, exclude_from_weight_decay, EMA), and the owner updates the
@@ -26,8 +27,9 @@ import tensorflow as tf
 from keras.optimizers import LossScaleOptimizer
 
 from hvdkeras import _collectives as C
+from hvdkeras.reduce.base import OptimizerState
 from hvdkeras.reduce.options import ReductionOptions
-from hvdkeras.reduce.reduce_scatter import EVERY, Shard, pack
+from hvdkeras.reduce.shard import EVERY, Shard, pack
 from hvdkeras.variables import var_id
 
 
@@ -291,3 +293,97 @@ def reshard(full: Any, shard: Shard) -> Any:
     sharded = rebuilt(full, shard)
     assign_state(sharded, entries, shard, values)
     return sharded
+
+
+class ShardedState(OptimizerState):
+    """The inner optimizer's state in parts, for `reducer` (a ReduceScatterReducer, whose `shard` says who owns
+    which variable): built on this worker's variables, saved and loaded in full (gathered from and shared
+    among the workers), re-sharded after a resize."""
+
+    collective = True
+    compilable = False  # a sharded update holds collectives: the all-reduced norm or finiteness check
+
+    def __init__(self, reducer: Any):
+        self._reducer = reducer
+        self._layout: list[Entry] | None = None  # the unsharded optimizer's variable order, found when first needed
+        self._gathered: list | None = None  # the full state gathered by consolidate, until the next save
+        self._loaded: list | None = None  # the full state rank 0 alone loaded, until share_loaded
+
+    def __repr__(self) -> str:
+        return f"ShardedState({self._reducer!r})"
+
+    @property
+    def _shard(self) -> Shard:
+        return self._reducer.shard
+
+    def layout(self, optimizer: Any) -> list[Entry]:
+        """The order of the full state (`full_layout`), found once."""
+        if self._layout is None:
+            self._layout = full_layout(optimizer, self._shard.variables)
+        return self._layout
+
+    def build(self, optimizer: Any, updated: Sequence[Any]) -> Any:
+        # Keras may build inside the traced train step; the state's layout is read from eager copies.
+        with tf.init_scope():
+            if optimizer.built:  # restored in full (load_model), then wrapped: keep this worker's part
+                optimizer = reshard(optimizer, self._shard)
+            else:
+                optimizer.build(list(updated))
+            install_cross_worker_rules(optimizer, self._shard, self._reducer.options)
+            self.layout(optimizer)  # an optimizer that cannot be sharded says so now, not at the first save
+        return optimizer
+
+    def rebuild(self, optimizer: Any, values: Any, root_rank: int) -> Any:
+        with tf.init_scope():
+            self._reducer.build(self._shard.variables)  # the partition over the workers there are now
+            optimizer = rebuilt(optimizer, self._shard)
+            install_cross_worker_rules(optimizer, self._shard, self._reducer.options)
+            broadcast_state(optimizer, self.layout(optimizer), self._shard, values, root_rank, slots_only=True)
+        return optimizer
+
+    def check_update(self, optimizer: Any, grads: Sequence[Any]) -> None:
+        check_update_gradients(optimizer, grads)
+
+    def finalize(self, optimizer: Any, variables: Sequence[Any]) -> None:
+        variables = list(variables)
+        optimizer.finalize_variable_values([v for v in variables if self._shard.owns(v)])
+        self._reducer.share_updated(variables)
+
+    def save(self, optimizer: Any, store: Any, alone: bool) -> None:
+        values, self._gathered = self._gathered, None
+        if values is None:
+            if alone:
+                raise RuntimeError(
+                    "This optimizer's state is sharded across the workers (shard_optimizer_state=True), and it is "
+                    "being saved on rank 0 alone, where the other workers' parts cannot be gathered. Call "
+                    "`optimizer.consolidate_state()` on every worker before a rank-0-only save, or save with "
+                    "hvdkeras.callbacks.ModelCheckpoint / BackupAndRestore, which do it.")
+            values = self.gather(optimizer)
+        for j, value in enumerate(values):
+            store[str(j)] = value
+
+    def load(self, optimizer: Any, store: Any, alone: bool) -> None:
+        layout = self.layout(optimizer)
+        if len(store.keys()) != len(layout):
+            kind = type(_layers(optimizer)[-1]).__name__
+            raise ValueError(
+                f"The saved optimizer state has {len(store.keys())} variables, and {kind} "
+                f"built on these {len(self._shard.variables)} trainable variables has {len(layout)}: the file "
+                "was saved from another model or optimizer.")
+        values = [store[str(j)] for j in range(len(layout))]
+        assign_state(optimizer, layout, self._shard, values)
+        if alone:  # loaded on one worker only: kept for share_loaded, the others' parts too
+            self._loaded = [np.asarray(v) for v in values]
+
+    def gather(self, optimizer: Any) -> list:
+        return gather_state(optimizer, self.layout(optimizer), self._shard, self._reducer.options)
+
+    def consolidate(self, optimizer: Any) -> None:
+        self._gathered = self.gather(optimizer)
+
+    def share_loaded(self, optimizer: Any, root_rank: int) -> bool:
+        values, self._loaded = self._loaded, None
+        return broadcast_state(optimizer, self.layout(optimizer), self._shard, values, root_rank)
+
+    def slots(self, optimizer: Any) -> list:
+        return slots(optimizer)

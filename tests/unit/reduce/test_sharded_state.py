@@ -1,4 +1,4 @@
-"""hvdkeras.sharding in one process: the full state's layout for Keras's optimizers, re-sharding, and the
+"""hvdkeras.reduce.sharded_state in one process: the full state's layout for Keras's optimizers, re-sharding, and the
 errors (the partition and the reduce-scatter: tests/unit/reduce/test_reduce_scatter.py). The 2-worker behaviour:
 tests/multiworker/test_sharding_2w.py."""
 
@@ -10,10 +10,10 @@ import pytest
 import tensorflow as tf
 
 from hvdkeras import _collectives as C
-from hvdkeras import sharding
 from hvdkeras.optimizer import DistributedOptimizer, PartialDistributedOptimizer
+from hvdkeras.reduce import sharded_state as sharding
 from hvdkeras.reduce.options import ReductionOptions
-from hvdkeras.reduce.reduce_scatter import Shard
+from hvdkeras.reduce.shard import Shard
 
 
 def stack(widths=(4, 8, 16, 2), seed=0):
