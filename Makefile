@@ -47,10 +47,11 @@ test-fast: install
 	$(PY) -m pytest -m "not multiworker" $(PYTEST_ARGS)
 
 # TensorFlow's C++ start-up lines are left out (hvdkeras/cli/startup_log.py); `make demo HVDKERAS_TF_STARTUP_LOG=1`
-# keeps them. DEMO_ARGS: more arguments for examples/keras_digits.py (--epochs, --out-dir, ...).
+# keeps them. TF_CPP_MIN_LOG_LEVEL is 2 unless set. DEMO_ARGS: more arguments for examples/keras_digits.py
+# (--epochs, --out-dir, ...).
 DEMO_ARGS ?=
 demo: install
-	bash -o pipefail -c 'TF_CPP_MIN_LOG_LEVEL=2 $(VENV)/bin/horovodrun -np 2 -H localhost:2 --gloo \
+	bash -o pipefail -c 'TF_CPP_MIN_LOG_LEVEL=$${TF_CPP_MIN_LOG_LEVEL:-2} $(VENV)/bin/horovodrun -np 2 -H localhost:2 --gloo \
 	  $(PY) examples/keras_digits.py $(DEMO_ARGS) 2>&1 | $(PY) -m hvdkeras.cli.startup_log'
 
 bench: install

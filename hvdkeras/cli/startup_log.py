@@ -1,7 +1,8 @@
 """TensorFlow's C++ start-up lines, left out of a job's output by `hvdkeras run` and `make demo`.
 
-Every process that imports TensorFlow prints, before anything of its own and whatever TF_CPP_MIN_LOG_LEVEL
-says (absl writes them before its logging is initialized):
+A process that runs TensorFlow prints, before anything of its own, lines such as these (absl writes them
+before its logging is initialized; which of them appear depends on the CPU and on TF_CPP_MIN_LOG_LEVEL: on
+an AVX2 CPU without AVX-512 only the CPU-feature lines, and none at level 2):
 
     WARNING: All log messages before absl::InitializeLog() is called are written to STDERR
     I0000 00:00:1796515140.758357    3847 port.cc:153] oneDNN custom operations are on. ...
