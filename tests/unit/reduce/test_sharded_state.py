@@ -146,6 +146,23 @@ def test_one_sharded_worker_trains_as_the_unsharded_optimizer(hvd):
         np.testing.assert_array_equal(a, b)
 
 
+def test_the_sharding_state_is_the_reducers_and_not_the_optimizers(hvd):
+    """DistributedOptimizer holds no sharding state of its own: who owns what is its reducer's `shard`, and the
+    layout, gathered and loaded state are the reducer's optimizer_state (a ShardedState)."""
+    x = np.random.default_rng(0).normal(size=(16, 4)).astype("float32")
+    model = stack()
+    opt = DistributedOptimizer(keras.optimizers.Adam(0.01), shard_optimizer_state=True)
+    model.compile(optimizer=opt, loss="mse")
+    model.fit(x, x[:, :2], batch_size=8, epochs=1, verbose=0)
+    opt.consolidate_state()
+    assert isinstance(opt.reducer.optimizer_state, sharding.ShardedState) and opt.reducer.shard is not None
+    assert opt.reducer.optimizer_state._gathered is not None
+    words = ("shard", "layout", "gathered_state", "loaded_state")
+    held = [name for name in vars(opt) if any(word in name for word in words)]
+    assert held == [], held
+    assert not any(isinstance(value, Shard) for value in vars(opt).values())
+
+
 def test_global_clipnorm_with_local_variables_is_refused(hvd):
     model = stack()
     opt = PartialDistributedOptimizer(keras.optimizers.Adam(global_clipnorm=1.0), local_layers=[model.layers[-1]],
