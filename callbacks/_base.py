@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import keras
 
-from hvdkeras import rank_zero, settings
+from hvdkeras import rank_zero
 from hvdkeras.models import average_model_state, prepare_xla
 
 
@@ -21,7 +21,7 @@ class HvdCallback(keras.callbacks.Callback):
 
     def set_model(self, model):
         super().set_model(model)
-        prepare_xla(model, keep=settings.read().xla == "keep")
+        prepare_xla(model)  # the xla setting in force, the wrap's where it is installed
         average_model_state(model)
 
     def set_params(self, params):

@@ -8,7 +8,7 @@ from typing import Any
 
 import keras
 
-from hvdkeras import xla
+from hvdkeras import settings, xla
 from hvdkeras.optimizer import DistributedOptimizer
 from hvdkeras.reduce.periodic import PeriodicReducer
 
@@ -60,20 +60,37 @@ def average_model_state(model: Any) -> None:
 
 
 _xla_warned = False
+# The xla setting in force: the wrap's `Options.xla` while the wrap is installed (it sets it), else HVDKERAS_XLA.
+_xla_setting: str | None = None
 
 
-def prepare_xla(model: Any, keep: bool = True) -> str:
+def use_xla_setting(value: str | None) -> None:
+    """Makes `value` ("keep" or "off") the xla setting that the wrap and the callbacks both follow; None makes
+    HVDKERAS_XLA the setting again. Called by the wrap's install (its option) and uninstall (None)."""
+    global _xla_setting
+    _xla_setting = value
+
+
+def xla_setting() -> str:
+    """The xla setting in force: "keep" or "off" (see `use_xla_setting`)."""
+    return _xla_setting if _xla_setting is not None else settings.read().xla
+
+
+def prepare_xla(model: Any, keep: bool | None = None) -> str:
     """Readies a model with a distributed optimizer for XLA, before its train function is made (callbacks do
     it in `set_model`, the wrap in `compile`). Horovod's collectives cannot be compiled by XLA.
 
     With `keep` and a model that trains with Keras's own train step, XLA stays on for the forward and
     backward pass, and the gradients are reduced outside (hvdkeras.xla). Otherwise XLA is turned off for
-    the model, with a warning (once) that says why.
+    the model, with a warning (once) that says why. `keep` None (as the wrap and the callbacks call it): the
+    xla setting in force (`xla_setting()`) is "keep".
 
     Returns:
         "kept", "off" (turned off here), or "" (no distributed optimizer, or XLA was not on).
     """
     global _xla_warned
+    if keep is None:
+        keep = xla_setting() == "keep"
     if not any(isinstance(o, DistributedOptimizer) for o in held_optimizers(model).values()):
         return ""
     if not getattr(model, "jit_compile", False):

@@ -54,6 +54,7 @@ from hvdkeras.models import (
     held_optimizers,
     prepare_xla,
     sharded_optimizers,
+    use_xla_setting,
 )
 from hvdkeras.optimizer import DistributedOptimizer, unwrap
 from hvdkeras.reduce import from_spec
@@ -119,6 +120,7 @@ def install(options: Options | None = None) -> None:
     Installing again only replaces the options.
     """
     _state["options"] = options or Options()
+    use_xla_setting(_opts().xla)  # what the callbacks follow too
     replacements = (("compile", _compile), ("compile_from_config", _compile_from_config), ("fit", _fit),
                     ("train_on_batch", _train_on_batch), ("evaluate", _evaluate), ("predict", _predict),
                     ("save", _write_on_rank_zero),
@@ -159,6 +161,7 @@ def uninstall() -> None:
     loops.uninstall()
     script_writes.uninstall()
     _state["options"] = None
+    use_xla_setting(None)
 
 
 def _job_start() -> float:
@@ -187,7 +190,7 @@ def _compile(original, model, optimizer="rmsprop", *args, **kwargs):
                                                             loss_scale=kwargs.get("auto_scale_loss", True))
     result = original(model, optimizer, *args, **kwargs)
     if optimizer is not None:
-        prepare_xla(model, keep=_opts().xla == "keep")
+        prepare_xla(model)  # the xla setting in force: this wrap's option (install)
         average_model_state(model)
     return result
 

@@ -159,6 +159,27 @@ def test_the_wrap_keeps_xla_or_turns_it_off_as_told(hvd, mode, kept, explicit):
         wrap.uninstall()
 
 
+@pytest.mark.parametrize("wrapped", [None, "keep", "off"])
+@pytest.mark.parametrize("variable", ["keep", "off"])
+def test_the_wrap_and_the_callbacks_follow_one_xla_setting(hvd, monkeypatch, wrapped, variable):
+    """The callbacks ready a model for XLA as the wrap does: by the wrap's option while it is installed (whatever
+    HVDKERAS_XLA says), else by HVDKERAS_XLA; after the wrap is uninstalled, by HVDKERAS_XLA again."""
+    monkeypatch.setenv("HVDKERAS_XLA", variable)
+    if wrapped is not None:
+        wrap.install(wrap.Options(xla=wrapped))
+    try:
+        assert models.xla_setting() == (wrapped or variable)
+        model = mlp()
+        model.compile(optimizer=DistributedOptimizer(keras.optimizers.SGD(0.05)), loss="mse", jit_compile=True)
+        BroadcastGlobalVariablesCallback(0).set_model(model)
+        kept = (wrapped or variable) == "keep"
+        assert model.jit_compile is kept and xla.is_split(model) is kept
+    finally:
+        if wrapped is not None:
+            wrap.uninstall()
+    assert models.xla_setting() == variable
+
+
 def test_a_bad_xla_mode_is_refused(hvd):
     with pytest.raises(ValueError, match="xla"):
         wrap.Options(xla="on")
