@@ -13,7 +13,7 @@ model per worker. Installed as the patch "loops" (part of `wrap.install`), this 
 - before an optimizer first updates a variable, the variable and the optimizer's state are broadcast from
   rank 0, so every rank holds the same model from before the first update to the end (eagerly, or once when
   the step is first traced). A DistributedOptimizer is left to the script and to fit's callbacks, as before;
-  `model.train_on_batch` broadcasts the model itself (wrap.py);
+  `model.train_on_batch` broadcasts the model itself (wrap/methods.py);
 - the loop's data: a batched `tf.data.Dataset` that the script iterates itself (`for x, y in dataset`, or
   `iter(dataset)`, eagerly) and has not sharded itself is split as fit splits it: under `--batch global` each
   worker takes its rows of every batch (`data.split_batches`), under `--batch per-worker` whole batches

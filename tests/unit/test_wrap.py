@@ -11,6 +11,7 @@ import tensorflow as tf
 import hvdkeras
 from hvdkeras import wrap
 from hvdkeras.optimizer import DistributedOptimizer
+from hvdkeras.wrap import fit_callbacks, methods, state
 
 
 @pytest.fixture
@@ -82,13 +83,13 @@ def test_fit_shards_arrays_and_validation_split(per_worker, monkeypatch, fake_se
     m = model()
     m.compile(optimizer="sgd", loss="mse")
     x, y = np.arange(30, dtype="float32").reshape(10, 3), np.zeros((10, 2), "float32")
-    wrap._fit(fake_fit, m, x, y, validation_split=0.2, verbose=1, callbacks=[keras.callbacks.CSVLogger("x.csv")])
+    methods.fit(fake_fit, m, x, y, validation_split=0.2, verbose=1, callbacks=[keras.callbacks.CSVLogger("x.csv")])
     assert seen["x"][:, 0].tolist() == [3.0, 9.0, 15.0, 21.0]  # rows 1, 3, 5, 7 of the first 8
     assert seen["validation_data"][0][:, 0].tolist() == [27.0]  # row 9: the last 20%, rank 1's half
     assert seen["validation_split"] == 0.0
     assert seen["verbose"] == 0
     kinds = [type(cb).__name__ for cb in seen["callbacks"]]
-    assert kinds[:4] == ["BroadcastGlobalVariablesCallback", "MetricAverageCallback", "_MovingStatistics", "_Warmup"]
+    assert kinds[:4] == ["BroadcastGlobalVariablesCallback", "MetricAverageCallback", "MovingStatistics", "Warmup"]
     assert isinstance(seen["callbacks"][3], hvdkeras.callbacks.LearningRateWarmupCallback)
     assert "RankZeroOnly" in kinds
 
@@ -109,7 +110,8 @@ def test_a_script_compiling_with_a_distributed_optimizer_is_left_alone(installed
     m.compile(optimizer=opt, loss="mse")
     assert m.optimizer is opt and float(opt.learning_rate) == pytest.approx(0.1)  # not scaled again
     seen = {}
-    monkeypatch.setattr(wrap, "_sharded_fit_inputs", lambda kwargs, batch: seen.setdefault("sharded", True) and kwargs)
+    monkeypatch.setattr(methods, "sharded_fit_inputs",
+                        lambda kwargs, batch: seen.setdefault("sharded", True) and kwargs)
     m.fit(np.ones((8, 3), "float32"), np.ones((8, 2), "float32"), epochs=1, verbose=0)
     assert "sharded" not in seen
     fake_seam.set(rank=1)
@@ -158,7 +160,7 @@ def test_fit_distributes_the_optimizers_a_model_holds(per_worker, monkeypatch, f
         pass
 
     fake_fit.__signature__ = inspect.signature(keras.Model.fit.__wrapped__)
-    wrap._fit(fake_fit, m, np.ones((4, 3), "float32"))
+    methods.fit(fake_fit, m, np.ones((4, 3), "float32"))
     assert isinstance(m.a_optimizer, DistributedOptimizer) and isinstance(m.b_optimizer, DistributedOptimizer)
     assert float(m.a_optimizer.learning_rate) == pytest.approx(0.002)
     assert float(m.b_optimizer.learning_rate) == pytest.approx(0.02)
@@ -175,15 +177,15 @@ def test_predict_prints_progress_on_rank_zero_only(installed, monkeypatch, fake_
     m = model()
     x = np.ones((10, 3), "float32")
     fake_seam.set(rank=1)
-    wrap._predict(fake_predict, m, x, verbose=1)
+    methods.predict(fake_predict, m, x, verbose=1)
     assert seen["verbose"] == 0 and seen["x"] is x  # every worker predicts all of its input
     fake_seam.set(rank=0)
-    wrap._predict(fake_predict, m, x, verbose=1)
+    methods.predict(fake_predict, m, x, verbose=1)
     assert seen["verbose"] == 1
 
 
 def _warmup_in_fit(m):
-    warmup = wrap._Warmup(0.02, warmup_epochs=1)
+    warmup = fit_callbacks.Warmup(0.02, warmup_epochs=1)
     warmup.set_model(m)
     warmup.set_params({"steps": 4, "epochs": 2})
     m._hvdkeras_warmup_lr = 0.02
@@ -222,7 +224,7 @@ def test_warmup_hands_the_rate_over_when_the_script_sets_it(hvd, monkeypatch, wh
         warmup.on_epoch_begin(1)
     m.optimizer.learning_rate = 0.005  # what a LearningRateScheduler does in on_epoch_begin
     with pytest.warns(UserWarning, match="sets the learning rate itself"):
-        wrap._state["warned"].discard("lr-script")
+        state.STATE.warned.discard("lr-script")
         warmup.on_train_batch_begin(0)
     for batch in range(1, 4):
         warmup.on_train_batch_begin(batch)
@@ -239,7 +241,7 @@ def _captured_fit(m, *args, **kwargs):
         seen.update(kw)
 
     fake_fit.__signature__ = inspect.signature(keras.Model.fit.__wrapped__)
-    wrap._fit(fake_fit, m, *args, **kwargs)
+    methods.fit(fake_fit, m, *args, **kwargs)
     return seen
 
 
@@ -250,7 +252,7 @@ def test_global_batch_leaves_the_rate_and_adds_no_warmup(installed, monkeypatch,
     assert float(m.optimizer.learning_rate) == pytest.approx(0.001)
     seen = _captured_fit(m, np.ones((8, 3), "float32"), np.ones((8, 2), "float32"), epochs=1)
     kinds = [type(cb).__name__ for cb in seen["callbacks"]]
-    assert "_Warmup" not in kinds and kinds[:2] == ["BroadcastGlobalVariablesCallback", "MetricAverageCallback"]
+    assert "Warmup" not in kinds and kinds[:2] == ["BroadcastGlobalVariablesCallback", "MetricAverageCallback"]
 
 
 def test_an_explicit_lr_scaling_applies_under_the_global_batch_too(hvd, monkeypatch, fake_seam):
@@ -334,7 +336,7 @@ def test_per_worker_batch_leaves_an_infinite_dataset_whole_with_a_warning(per_wo
     m = model()
     m.compile(optimizer="sgd", loss="mse")
     endless = tf.data.Dataset.from_tensors((np.ones((4, 3), "float32"), np.ones((4, 2), "float32"))).repeat()
-    wrap._state["warned"].clear()
+    state.STATE.warned.clear()
     with pytest.warns(UserWarning, match="cannot be sharded: every worker reads all of it"):
         seen = _captured_fit(m, endless, steps_per_epoch=2)
     assert seen["x"] is endless
@@ -347,7 +349,7 @@ def test_global_batch_arrays_shuffled_differently_get_one_shared_shuffle(install
     fake_seam.set(size=2)
     fake_seam.set(allgather_object=lambda obj, name=None: [obj, "another worker's first batch"])
     fake_seam.set(broadcast_object=lambda obj, root_rank=0, name=None: 1234)
-    wrap._state["warned"].clear()
+    state.STATE.warned.clear()
     x = np.arange(40, dtype="float32").reshape(20, 2)
     y = np.zeros((20, 1), "float32")
     epochs = {}
@@ -355,7 +357,7 @@ def test_global_batch_arrays_shuffled_differently_get_one_shared_shuffle(install
         fake_seam.set(rank=rank)
         m = model()
         m.compile(optimizer="sgd", loss="mse")
-        wrap._state["warned"].discard("shuffle-seed")
+        state.STATE.warned.discard("shuffle-seed")
         with warnings.catch_warnings(record=True) as said:
             warnings.simplefilter("always")
             seen = _captured_fit(m, x, y, batch_size=8)
