@@ -101,6 +101,20 @@ def test_every_third_party_import_is_a_declared_dependency():
     assert {"psutil", "packaging"} <= declared
 
 
+def test_every_subpackage_is_listed_for_the_wheel():
+    """setup.cfg lists the packages a wheel holds: every folder of the package with an __init__.py."""
+    import configparser
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[2]
+    cfg = configparser.ConfigParser()
+    cfg.read(repo / "setup.cfg")
+    listed = {line.strip() for line in cfg["options"]["packages"].splitlines() if line.strip()}
+    found = {".".join(path.parent.relative_to(repo).parts) for path in (repo / "hvdkeras").rglob("__init__.py")}
+    found.add("hvdkeras.callbacks")  # callbacks/, installed as hvdkeras.callbacks (package_dir)
+    assert listed == found, f"missing: {sorted(found - listed)}; listed but absent: {sorted(listed - found)}"
+
+
 def test_no_module_uses_another_modules_private_names():
     """Inside hvdkeras, a name with a leading underscore is its module's own: no other module imports it or
     reaches it through the module (a private module, such as _collectives, is the package's own and may be
