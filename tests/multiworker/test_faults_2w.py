@@ -135,9 +135,10 @@ def test_mismatched_models_fail_fast_on_every_rank(faults, mode, variable):
     job = jobs[mode]
     assert job.returncode != 0
     # Found before Horovod's stall watchdog could end the job (60 s by default): measured from the instant the
-    # later rank had built its model, since the seven launches share the machine's cores for their imports.
+    # later rank had built its model, since the seven launches share the machine's cores for their imports (on a
+    # loaded machine up to 51 s was seen). Both ranks name the difference below, which the watchdog would not.
     built = max(float((root / mode / f"model.rank{r}").read_text()) for r in (0, 1))
-    assert job.ended - built <= 50, f"took {job.ended - built:.1f} s after both models were built"
+    assert job.ended - built < 60, f"took {job.ended - built:.1f} s after both models were built"
     for rank in (0, 1):
         lines = [line for line in job.output.splitlines()
                  if line.startswith(f"[{rank}]<stderr>:") and "built different models" in line]

@@ -171,7 +171,9 @@ def test_cut_link_ends_both_workers_naming_the_lost_peer(hosts, tmp_path):
         running.kill()
         hosts.heal()
     assert all(r.returncode != 0 for r in results), show(results)
-    assert ended <= STALL + 30, f"the workers took {ended:.1f} s to exit after the cut\n{show(results)}"
+    # Alone on this machine both exit about 17 s after the cut; with the unit tests running beside them, up to
+    # 53 s was seen. Either way far from a hang (the wait above ends it at STALL + 90 s).
+    assert ended <= STALL + 60, f"the workers took {ended:.1f} s to exit after the cut\n{show(results)}"
     assert "unreachable: rank 1 on" in results[0].output and "(10." in results[0].output, show(results)
     assert "unreachable: rank 0 on" in results[1].output, show(results)
     assert hosts.processes() == {"hosta": [], "hostb": []}
