@@ -48,7 +48,8 @@ _LIBRARY_DIRS = tuple(
     os.path.realpath(p) + os.sep for p in {sysconfig.get_paths()[k] for k in ("stdlib", "platstdlib", "purelib",
                                                                              "platlib")})
 _PACKAGE_DIR = os.path.dirname(os.path.realpath(__file__)) + os.sep
-_OS_FILE = os.path.realpath(os.__file__)
+# os's own code: its file, or "<frozen os>" where Python runs it frozen (3.11 and later).
+_OS_FILES = frozenset({os.path.realpath(os.__file__), "<frozen os>"})
 
 
 def install(job_start: float, wait_seconds: float = DEFAULT_WAIT_SECONDS) -> bool:
@@ -83,12 +84,18 @@ def _rank() -> int:
 def from_script(frame: Any) -> bool:
     """Whether `frame`'s code is the script's own: not Python's library, an installed package or hvdkeras.
     Frames of os.py itself (os.makedirs calling os.mkdir) are looked through."""
-    while frame is not None and os.path.realpath(frame.f_code.co_filename) == _OS_FILE:
+    while frame is not None and _code_file(frame) in _OS_FILES:
         frame = frame.f_back
     if frame is None:
         return False
-    path = os.path.realpath(frame.f_code.co_filename)
+    path = _code_file(frame)
     return not (path.startswith(_LIBRARY_DIRS) or path.startswith(_PACKAGE_DIR) or path.startswith("<"))
+
+
+def _code_file(frame: Any) -> str:
+    """The file of `frame`'s code, resolved; a name such as "<frozen os>" or "<string>" as it is."""
+    name = frame.f_code.co_filename
+    return name if name.startswith("<") else os.path.realpath(name)
 
 
 def made_by_this_job(path: Any) -> bool:

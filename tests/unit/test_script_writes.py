@@ -76,6 +76,18 @@ def test_libraries_are_not_affected(as_rank, monkeypatch):
     os.rmdir(folder)
 
 
+def test_a_librarys_makedirs_is_not_affected(as_rank, monkeypatch, tmp_path):
+    """os.makedirs called by a library (Keras saving a model) goes through os.mkdir from os's own frames, which
+    Python 3.11 runs frozen ("<frozen os>"): they are looked through to the library, which neither waits."""
+    from keras.src.utils import file_utils
+
+    as_rank(1)
+    waited = []
+    monkeypatch.setattr(script_writes.time, "sleep", lambda seconds: waited.append(seconds))
+    file_utils.makedirs(str(tmp_path / "a" / "b"))
+    assert (tmp_path / "a" / "b").is_dir() and waited == []
+
+
 def test_checkpoint_manager_on_rank1_writes_nothing_and_advances_as_rank0(as_rank, tmp_path):
     v = tf.Variable(1.0)
     ckpt = tf.train.Checkpoint(v=v)
