@@ -306,7 +306,10 @@ def test_elastic_run_across_the_hosts_shrinks_to_one_and_grows_back(hosts, ssh_p
         assert (r0["weights"], r0["optimizer"]) == (r1["weights"], r1["optimizer"]), key
     killed = next(t["pid"] for t in points if t["host"] == b)
     rejoined = [t for t in points if t["host"] == b and t["pid"] != killed]
-    assert rejoined and rejoined[0]["epoch"] > 1, "hostb's new worker joined a job that had gone on without it"
+    # It joined a job that had gone on without it: at more steps than hosta's worker resumed alone at (how far
+    # depends on how soon Horovod takes hostb back, within the same epoch or epochs later).
+    assert rejoined and rejoined[0]["steps"] > alone["steps"], ("hostb's new worker joined before the job went on "
+                                                                "without it", rejoined[:1], alone)
     final = [line for line in output.splitlines() if "finished" in line and "steps" in line]
     assert final and f"finished {ELASTIC_EPOCHS} epochs, {ELASTIC_EPOCHS * ELASTIC_STEPS} steps, on 2 workers" \
         in final[-1], output[-5000:]
