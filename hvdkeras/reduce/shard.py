@@ -15,7 +15,6 @@ from hvdkeras.variables import var_id
 EVERY = -1  # the owner of a local variable (PartialDistributedOptimizer): every worker keeps its own
 
 
-
 def partition(sizes: Sequence[int], buckets: Sequence[Sequence[int]], n: int) -> list[int]:
     """The owner of each variable: within each bucket, largest first, to the worker with the least of that
     bucket so far, then the least overall, then the lowest rank.
