@@ -17,7 +17,7 @@ PYTEST_ARGS ?=
 LAB_PTH = -c "import site, sys; open(site.getsitepackages()[0] + '/hvdkeras-lab.pth', 'w').write(sys.argv[1] + '\n')" "$(CURDIR)/lab"
 NETBENCH_ARGS ?=
 
-.PHONY: install lab test test-fast demo bench netbench stallbench batchbench shardbench xlabench loopbench slowbench killtrials horovod-examples gpu-build lint clean
+.PHONY: install lab test test-fast demo bench netbench stallbench batchbench shardbench balancebench xlabench loopbench slowbench killtrials horovod-examples gpu-build lint clean
 
 install: $(STAMP)
 
@@ -82,6 +82,12 @@ batchbench: install
 # test hosts at 200 Mbit/s (needs root); writes docs/sharding_benchmark.{json,png}.
 shardbench: install lab
 	$(PY) benchmarks/sharding_benchmark.py --out docs --hosts 200mbit
+
+# ZeRO's balance: the largest worker's share of the optimizer state, variables cut into pieces against owned
+# whole and against unsharded, on an MLP with a dominant kernel and a model with a 30% embedding, N = 2 and 4;
+# writes docs/sharding_balance.json.
+balancebench: install
+	$(PY) benchmarks/balance_benchmark.py --out docs
 
 # XLA kept for the forward and backward pass against XLA off: an MLP, a convnet and a small transformer, one
 # process, two workers here and on the two test hosts (needs root); writes docs/xla_benchmark.{json,png}.

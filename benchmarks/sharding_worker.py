@@ -1,7 +1,11 @@
-"""One worker of benchmarks/sharding_benchmark.py: trains an MLP of LAYERS x Dense(WIDTH) with Adam for a few steps,
-with or without shard_optimizer_state, and writes what it measured to OUT/rank<r>.json.
+"""One worker of benchmarks/sharding_benchmark.py and balance_benchmark.py: trains a model with Adam for a few
+steps, with or without shard_optimizer_state, and writes what it measured to OUT/rank<r>.json.
 
-    sharding_worker.py OUT --width W --layers L --steps S [--shard] [--cgroup PATH]
+    sharding_worker.py OUT --width W --layers L --steps S [--shard [--whole]] [--model M] [--cgroup PATH]
+
+--model: "stack" (LAYERS x Dense(WIDTH), the default), "mlp" (Dense(32->256), Dense(256->256), Dense(256->4)) or
+"embedding" (an Embedding(2000, 64) of 30% of the parameters, averaged, then Dense(512), Dense(512), Dense(4)).
+--whole: each variable owned whole by one worker (the partition before variables were cut into pieces).
 
 With --cgroup, the process first moves itself into that memory cgroup (its limit is this worker's memory), so
 the kernel kills it when it needs more.
@@ -22,6 +26,8 @@ parser.add_argument("--layers", type=int, required=True)
 parser.add_argument("--steps", type=int, default=6)
 parser.add_argument("--batch", type=int, default=8)
 parser.add_argument("--shard", action="store_true")
+parser.add_argument("--whole", action="store_true")
+parser.add_argument("--model", choices=("stack", "mlp", "embedding"), default="stack")
 parser.add_argument("--cgroup", default=None)
 args = parser.parse_args()
 
@@ -39,13 +45,28 @@ from hvdkeras.reduce import sharded_state  # noqa: E402
 
 hvd.init()
 keras.utils.set_random_seed(0)
-model = keras.Sequential([keras.Input((args.width,))]
-                         + [keras.layers.Dense(args.width, activation="relu") for _ in range(args.layers - 1)]
-                         + [keras.layers.Dense(args.width)])
+if args.model == "mlp":
+    model = keras.Sequential([keras.Input((32,)), keras.layers.Dense(256, activation="relu"),
+                              keras.layers.Dense(256, activation="relu"), keras.layers.Dense(4)])
+    x = tf.random.stateless_normal((args.batch, 32), seed=(1, hvd.rank()))
+    y = tf.random.stateless_normal((args.batch, 4), seed=(2, hvd.rank()))
+elif args.model == "embedding":
+    model = keras.Sequential([keras.Input((8,), dtype="int32"), keras.layers.Embedding(2000, 64),
+                              keras.layers.GlobalAveragePooling1D(), keras.layers.Dense(512, activation="relu"),
+                              keras.layers.Dense(512, activation="relu"), keras.layers.Dense(4)])
+    x = tf.random.stateless_uniform((args.batch, 8), seed=(1, hvd.rank()), maxval=2000, dtype="int32")
+    y = tf.random.stateless_normal((args.batch, 4), seed=(2, hvd.rank()))
+else:
+    model = keras.Sequential([keras.Input((args.width,))]
+                             + [keras.layers.Dense(args.width, activation="relu") for _ in range(args.layers - 1)]
+                             + [keras.layers.Dense(args.width)])
+    x = tf.random.stateless_normal((args.batch, args.width), seed=(1, hvd.rank()))
+    y = x
 opt = hvd.DistributedOptimizer(keras.optimizers.Adam(1e-4), shard_optimizer_state=args.shard)
+if args.whole:
+    opt.reducer.optimizer_state.split_variables = False
 model.compile(optimizer=opt, loss="mse")
 opt.build(model.trainable_variables)
-x = tf.random.stateless_normal((args.batch, args.width), seed=(1, hvd.rank()))
 times = []
 
 
@@ -69,7 +90,7 @@ class Timer(keras.callbacks.Callback):
                 f.write("5")
 
 
-data = tf.data.Dataset.from_tensors((x, x)).repeat(args.steps)
+data = tf.data.Dataset.from_tensors((x, y)).repeat(args.steps)
 model.fit(data, epochs=1, verbose=0, callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0), Timer()])
 steps_peak = hwm_bytes()
 
@@ -79,16 +100,22 @@ def nbytes(variables):
 
 
 slots = sharded_state.slots(opt.inner_optimizer)
+shard = opt.reducer.shard
+model_ids = {id(v) for v in model.trainable_variables}
 result = {
-    "rank": hvd.rank(), "size": hvd.size(), "shard": args.shard, "width": args.width, "layers": args.layers,
+    "rank": hvd.rank(), "size": hvd.size(), "shard": args.shard, "whole": args.whole, "model": args.model,
+    "width": args.width, "layers": args.layers,
     "params": int(model.count_params()), "optimizer_state_bytes": nbytes(slots),
+    "optimizer_state_elements": int(sum(np.prod(v.shape) for v in slots)),
+    # The variables this worker updates in place of pieces of the model's (1/N of the cut ones: extra memory).
+    "slice_bytes": nbytes([s for s in shard.owned() if id(s) not in model_ids]) if shard else 0,
     "weights_bytes": nbytes(model.trainable_variables),
     # The process's peak resident memory (building and broadcasting included), and the peak of the steps after
     # the first one.
     "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
     "steps_peak_rss_bytes": steps_peak,
     "step_seconds": statistics.median(times[2:]) if len(times) > 2 else None,
-    "loss_finite": bool(np.isfinite(model.evaluate(x, x, verbose=0))),
+    "loss_finite": bool(np.isfinite(model.evaluate(x, y, verbose=0))),
 }
 with open(os.path.join(args.out, f"rank{hvd.rank()}.json"), "w") as f:
     json.dump(result, f)

@@ -158,8 +158,9 @@ class DistributedOptimizer(keras.optimizers.Optimizer, metaclass=_Factory):
             rest. 0: one fused allreduce for all of them. None (default): $HVDKERAS_BUCKET_BYTES if set,
             else DEFAULT_BUCKET_BYTES (64 KiB).
         shard_optimizer_state: keyword only. Shard the inner optimizer's state across the workers (ZeRO):
-            each variable's slots live on one worker only, its reduced gradient reaches that worker only,
-            and each owner's updated variables are all-gathered into every worker's weights before the next
+            each slot lives on one worker only (about 1/N of the state on each: an elementwise optimizer's
+            variables are cut into runs of rows, the others owned whole), each reduced gradient reaches its
+            owner only, and the updated parts are all-gathered into every worker's weights before the next
             step. Training is the same training; `variables` holds this worker's part, and saving gathers
             the whole state (every worker must take part: see docs/sharding.md). The shorthand for
             `reducer="reduce_scatter"`.
@@ -493,6 +494,7 @@ class DistributedOptimizer(keras.optimizers.Optimizer, metaclass=_Factory):
                 self.add_variable_from_reference(v, name="gradient_accumulator") for v in var_list
             ]
         with tf.init_scope():  # the reducer's state variables are made outside a traced step
+            self._state.prepare(self.inner_optimizer)
             self._reducer.build(var_list)
         self.inner_optimizer = self._state.build(self.inner_optimizer, self._reducer.updated(var_list))
         # The base optimizer's build, named, as in __init__: not LossScaleOptimizer.build for the loss-scale variant.

@@ -56,6 +56,11 @@ class OptimizerState:
     collective = False
     compilable = True
 
+    def prepare(self, optimizer: Any) -> None:
+        """Before the reducer is built: what the reducer must know of `optimizer` (the reduce-scatter: which
+        variables its math may update in pieces)."""
+        return None
+
     def build(self, optimizer: Any, updated: Sequence[Any]) -> Any:
         """The optimizer to apply the reduced gradients of `updated` (this worker's variables), built."""
         if not optimizer.built:  # e.g. restored by load_model, then wrapped

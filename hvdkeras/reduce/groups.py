@@ -4,7 +4,7 @@
   produces them (the default grouping: each bucket's collective starts while the backward pass still runs);
 - `even_groups` (`groups=n`) and `listed_groups` (`groups=[[v, ...], ...]`);
 - `dense_groups`: the options' grouping, split by dtype (one fused collective per dtype);
-- `parts` and `balanced_groups`: a group's elements by the worker that owns each variable, and consecutive
+- `parts` and `balanced_groups`: a group's elements by the worker that owns each piece, and consecutive
   groups merged until the owners' parts are about equal (the reduce-scatter's padding stays small).
 
 Each depends only on the variables' order, shapes and dtypes (and the owners), so it is the same on every worker.
@@ -24,6 +24,19 @@ def numel(var: Any) -> int:
     """How many elements a variable (or tensor) of a fully defined shape holds."""
     count = 1
     for dim in var.shape:
+        count *= int(dim)
+    return count
+
+
+def rows(var: Any) -> int:
+    """How many rows a variable has along its first axis (1 for a scalar): the unit it is cut into pieces by."""
+    return int(var.shape[0]) if len(var.shape) else 1
+
+
+def row_elements(var: Any) -> int:
+    """How many elements one row of a variable holds."""
+    count = 1
+    for dim in var.shape[1:]:
         count *= int(dim)
     return count
 
@@ -103,21 +116,25 @@ def dense_groups(dense: Sequence[int], variables: Sequence[Any], options: Reduct
     return [g for g in split if g]
 
 
-def parts(group: Sequence[int], variables: Sequence[Any], owner: Callable[[Any], int], size: int
-          ) -> tuple[list[list[int]], list[int]]:
-    """The group's indices by owner (`owner(variable)`, a rank in [0, size)), and how many elements each owner's
-    part holds."""
-    per: list[list[int]] = [[] for _ in range(size)]
+def parts(group: Sequence[int], variables: Sequence[Any], pieces: Callable[[Any], Sequence[Any]], size: int
+          ) -> tuple[list[list[tuple[int, Any]]], list[int]]:
+    """The group's pieces by owner (`pieces(variable)`: its pieces, each with an `owner` in [0, size) and rows
+    [`lo`, `hi`)), as (index, piece) in the group's order, and how many elements each owner's part holds."""
+    per: list[list[tuple[int, Any]]] = [[] for _ in range(size)]
+    lengths = [0] * size
     for i in group:
-        per[owner(variables[i])].append(i)
-    return per, [sum(numel(variables[i]) for i in owned) for owned in per]
+        for p in pieces(variables[i]):
+            per[p.owner].append((i, p))
+            lengths[p.owner] += (p.hi - p.lo) * row_elements(variables[i])
+    return per, lengths
 
 
-def balanced_groups(groups: Sequence[Sequence[int]], variables: Sequence[Any], owner: Callable[[Any], int],
-                    size: int, slack: float = 1.25) -> list[list[int]]:
+def balanced_groups(groups: Sequence[Sequence[int]], variables: Sequence[Any],
+                    pieces: Callable[[Any], Sequence[Any]], size: int, slack: float = 1.25) -> list[list[int]]:
     """Consecutive groups (buckets) of one dtype merged until each merged group's parts are about equal
     (the longest part times the number of workers within `slack` of the group's size), so that padding the
-    parts to equal length costs little. A bucket of one large variable is otherwise all one worker's."""
+    parts to equal length costs little. A bucket of one large variable owned whole is otherwise all one
+    worker's."""
     out: list[list[int]] = []
     current: list[int] = []
     for group in groups:
@@ -125,7 +142,7 @@ def balanced_groups(groups: Sequence[Sequence[int]], variables: Sequence[Any], o
             out.append(current)
             current = []
         current = current + list(group)
-        _, lengths = parts(current, variables, owner, size)
+        _, lengths = parts(current, variables, pieces, size)
         if size * max(lengths) <= slack * sum(lengths):
             out.append(current)
             current = []

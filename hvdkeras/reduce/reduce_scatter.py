@@ -1,9 +1,10 @@
-"""The reduce-scatter reducer (ZeRO stages 1 and 2): each worker receives the reduced gradients of the variables
-it owns only, its optimizer updates those, and the updated variables are all-gathered into every worker's
-weights after the update. `DistributedOptimizer(shard_optimizer_state=True)` is this reducer; its `optimizer_state`
-(sharded_state.py) keeps the optimizer's state in the owners' parts (docs/sharding.md).
+"""The reduce-scatter reducer (ZeRO stages 1 and 2): each worker receives the reduced gradients of the pieces of
+the variables it owns only, its optimizer updates those, and the updated pieces are all-gathered into every
+worker's weights after the update. `DistributedOptimizer(shard_optimizer_state=True)` is this reducer; its
+`optimizer_state` (sharded_state.py) keeps the optimizer's state in the owners' parts (docs/sharding.md).
 
-The partition is by whole variables (shard.py: `partition`, `Shard`). Every step:
+Who owns what is shard.py's `partition`: whole variables where the optimizer's math needs them whole, runs of
+rows of the others, so each worker owns about 1/N of each bucket (`Shard`). Every step:
 
 1. The dense gradients are reduce-scattered in the buckets the allreduce reducer all-reduces them in
    (consecutive buckets merged until the workers' parts are about equal: `groups.balanced_groups`), each as
@@ -11,9 +12,10 @@ The partition is by whole variables (shard.py: `partition`, `Shard`). Every step
    equal parts (each padded to the longest), an alltoall sends each worker every copy of its part, and it sums
    them. A group whose padding would make it send more than an allreduce of it is all-reduced instead, and
    each worker keeps its own part.
-2. Each worker's optimizer updates the variables it owns, in place.
-3. `after_apply`: the updated variables are all-gathered into every worker's weights, one allgather per
-   bucket, before the next forward pass.
+2. Each worker's slice variables are set to their rows of the model's variables (`Shard.refresh`), and its
+   optimizer updates the whole variables and slices it owns, in place.
+3. `after_apply`: the updated pieces are all-gathered into every worker's weights, one allgather per bucket,
+   before the next forward pass.
 """
 
 from __future__ import annotations
@@ -25,9 +27,9 @@ import tensorflow as tf
 from hvdkeras import _collectives as C
 from hvdkeras.reduce.allreduce import allgather_sparse, allreduce_group, reduce_gradients, scale_local
 from hvdkeras.reduce.base import Reduced, Reducer
-from hvdkeras.reduce.groups import balanced_groups, dense_groups, numel, parts
+from hvdkeras.reduce.groups import balanced_groups, dense_groups, parts, row_elements
 from hvdkeras.reduce.options import ReductionOptions
-from hvdkeras.reduce.shard import EVERY, Shard, pack
+from hvdkeras.reduce.shard import Shard, pack
 from hvdkeras.reduce.sharded_state import ShardedState
 from hvdkeras.variables import var_id
 
@@ -56,28 +58,51 @@ def reduce_scatter_gradients(grads: Sequence[Any], variables: Sequence[Any], sha
         elif isinstance(g, tf.IndexedSlices) and not options.sparse_as_dense:
             reduced = allgather_sparse(g, options, name=f"hvdkeras.gradients.sparse.{i}")
             if shard.owns(var):
-                out[i] = reduced
-            else:
-                unused.append(reduced.values)
+                out[i] = _sparse_rows(reduced, shard.piece(shard.index(var)), var)
+            else:  # both of its allgathers: a worker that owns none of the variable would prune the indices'
+                unused += [reduced.values, reduced.indices]
         else:
             out[i] = tf.convert_to_tensor(g)
             dense.append(i)
-    buckets = balanced_groups(dense_groups(dense, variables, options), variables, shard.owner, shard.size)
+    buckets = balanced_groups(dense_groups(dense, variables, options), variables, shard.pieces_of, shard.size)
     for k, group in enumerate(buckets):
         unused += _reduce_scatter_group(out, group, variables, shard, options, name=f"hvdkeras.gradients.{k}")
     return out, unused
 
 
+def _sparse_rows(reduced: tf.IndexedSlices, piece: Any, var: Any) -> tf.IndexedSlices:
+    """The rows of a sparse gradient within this worker's piece of `var`, indexed from the piece's first row."""
+    if piece.lo == 0 and piece.hi == int(var.shape[0]):
+        return reduced
+    keep = tf.logical_and(reduced.indices >= piece.lo, reduced.indices < piece.hi)
+    indices = tf.boolean_mask(reduced.indices, keep) - tf.cast(piece.lo, reduced.indices.dtype)
+    return tf.IndexedSlices(tf.boolean_mask(reduced.values, keep), indices,
+                            dense_shape=tf.constant([piece.hi - piece.lo] + list(var.shape[1:]), tf.int64))
+
+
+def _rows(tensor: Any, var: Any, piece: Any) -> Any:
+    """A piece's rows of a tensor shaped like `var` (the tensor itself for a whole piece)."""
+    if not len(var.shape) or (piece.lo == 0 and piece.hi == int(var.shape[0])):
+        return tensor
+    return tensor[piece.lo:piece.hi]
+
+
+def _piece_shape(var: Any, piece: Any) -> list[int]:
+    return [piece.hi - piece.lo] + [int(d) for d in var.shape[1:]] if len(var.shape) else []
+
+
 def _reduce_scatter_group(out: list, group: list[int], variables: Sequence[Any], shard: Shard,
                           options: ReductionOptions, name: str) -> list:
-    per, lengths = parts(group, variables, shard.owner, shard.size)
+    per, lengths = parts(group, variables, shard.pieces_of, shard.size)
     longest, total = max(lengths), sum(lengths)
     if shard.size * longest > 2 * total:
-        # One variable dominates the group: padding every part to it would send more than an allreduce.
+        # One variable owned whole dominates the group: padding every part to it would send more than an allreduce.
         reduced = list(out)
         allreduce_group(reduced, group, options, name=name)
         for i in group:
-            out[i] = reduced[i] if i in per[shard.rank] else None
+            out[i] = None
+        for i, p in per[shard.rank]:
+            out[i] = _rows(reduced[i], variables[i], p)
         return [] if per[shard.rank] else [reduced[group[0]]]
     compressed, ctxs = {}, {}
     for i in group:
@@ -85,7 +110,7 @@ def _reduce_scatter_group(out: list, group: list[int], variables: Sequence[Any],
     dtype = compressed[group[0]].dtype
     segments = []
     for owned, length in zip(per, lengths):
-        flat = pack([compressed[i] for i in owned], dtype)
+        flat = pack([_rows(compressed[i], variables[i], p) for i, p in owned], dtype)
         segments.append(tf.pad(flat, [[0, longest - length]]) if length < longest else flat)
     # A reduce-scatter as an alltoall (each worker receives every worker's copy of its own part) and a sum
     # here, in rank order: Horovod's Gloo reduce-scatter took twice an allreduce of the same buffer, the
@@ -105,9 +130,9 @@ def _reduce_scatter_group(out: list, group: list[int], variables: Sequence[Any],
     for i in group:
         out[i] = None
     offset = 0
-    for i in per[shard.rank]:
-        n = numel(variables[i])
-        part = tf.reshape(mine[offset:offset + n], variables[i].shape)
+    for i, p in per[shard.rank]:
+        n = (p.hi - p.lo) * row_elements(variables[i])
+        part = tf.reshape(mine[offset:offset + n], _piece_shape(variables[i], p))
         out[i] = options.compression.decompress(part, ctxs[i])
         offset += n
     return [] if per[shard.rank] else [mine]
@@ -116,35 +141,40 @@ def _reduce_scatter_group(out: list, group: list[int], variables: Sequence[Any],
 # -------------------------------------------------------------------------------------------------- weights
 def all_gather_variables(variables: Sequence[Any], shard: Shard, options: ReductionOptions,
                          after: Sequence[Any] = ()) -> None:
-    """Sets every worker's copy of `variables` (shared ones, updated by their owners) to the owner's value.
+    """Sets every worker's copy of `variables` (shared ones, updated in pieces by their owners) to the owners'
+    values: each owner sends its pieces (its slice variables, or the model's variable it owns whole).
 
     `after`: tensors each allgather depends on (an empty slice of each is sent with it). In a traced step a
     control dependency is not enough: TensorFlow runs an allgather whose input is a constant at once.
     """
-    shared = [i for i, v in enumerate(variables) if shard.owner(v) != EVERY]
+    shared = [i for i, v in enumerate(variables) if not shard.is_local(v)]
     anchors = [tf.reshape(t, [-1])[:0] for t in after]
-    for k, group in enumerate(balanced_groups(dense_groups(shared, variables, options), variables, shard.owner,
-                                                    shard.size)):
-        per, lengths = parts(group, variables, shard.owner, shard.size)
+    for k, group in enumerate(balanced_groups(dense_groups(shared, variables, options), variables, shard.pieces_of,
+                                              shard.size)):
+        per, lengths = parts(group, variables, shard.pieces_of, shard.size)
         dtype = variables[group[0]].dtype
         # Every worker sends the same number of elements, its part padded to the longest. With parts of
         # different lengths, Horovod 0.28.1 over Gloo returned one bucket's buffer for another's (measured: two
         # buckets in one step, one worker sending nothing to either and the other 64 and 32768 elements).
         longest = max(lengths)
-        flat = pack([tf.convert_to_tensor(variables[i]) for i in per[shard.rank]]
-                     + [tf.cast(a, dtype) for a in anchors], dtype)
+        sources = [tf.convert_to_tensor(shard.slices[shard.index(variables[i])]) for i, _ in per[shard.rank]]
+        flat = pack(sources + [tf.cast(a, dtype) for a in anchors], dtype)
         if lengths[shard.rank] < longest:
             flat = tf.pad(flat, [[0, longest - lengths[shard.rank]]])
         with tf.device(options.device_dense):
             full = C.allgather(flat, name=f"hvdkeras.weights.{k}", process_set=options.process_set)
         # Every worker assigns every variable of the bucket from the gathered buffer, its own too (the same
         # bits): a traced step would otherwise prune the allgather on a worker that owns the whole bucket.
+        found: dict[int, list] = {i: [] for i in group}
         for r, owned in enumerate(per):
             offset = r * longest
-            for i in owned:
-                n = numel(variables[i])
-                variables[i].assign(tf.reshape(full[offset:offset + n], variables[i].shape))
+            for i, p in owned:
+                n = (p.hi - p.lo) * row_elements(variables[i])
+                found[i].append((p.lo, full[offset:offset + n]))
                 offset += n
+        for i in group:
+            flat_value = tf.concat([t for _, t in sorted(found[i], key=lambda x: x[0])], axis=0)
+            variables[i].assign(tf.reshape(flat_value, variables[i].shape))
 
 
 def _rank_and_size() -> tuple[int, int]:
@@ -171,15 +201,20 @@ class ReduceScatterReducer(Reducer):
         self._local = local
         self._rank_and_size = rank_and_size
         self.shard: Shard | None = None
+        # Whether the optimizer's math may update a variable in pieces (set by the optimizer's state before
+        # `build`); None: every variable is owned whole.
+        self.splittable: Callable[[Any], bool] | None = None
         self.optimizer_state = ShardedState(self)
 
     def build(self, variables: Sequence[Any]) -> None:
         """Partitions the variables over the workers there are now (again after an elastic resize)."""
         rank, size = self._rank_and_size()
-        self.shard = Shard.make(variables, self.options, self._local() or frozenset(), rank, size)
+        self.shard = Shard.make(variables, self.options, self._local() or frozenset(), rank, size,
+                                splittable=self.splittable)
 
     def updated(self, variables: Sequence[Any]) -> list:
-        return [v for v in variables if self.shard.owns(v)]
+        """This worker's variables to update: the ones it owns whole, and slice variables of its pieces."""
+        return [self.shard.slices[self.shard.index(v)] for v in variables if self.shard.owns(v)]
 
     def reduce(self, grads: Sequence[Any], variables: Sequence[Any], name: str = "hvdkeras.gradients") -> Reduced:
         variables = list(variables)
@@ -189,7 +224,8 @@ class ReduceScatterReducer(Reducer):
         grads = list(grads)
         reduced, unused = reduce_scatter_gradients(grads, variables, self.shard, self.options,
                                                    self._local() or frozenset())
-        owned = [(g, v) for g, v in zip(reduced, variables) if self.shard.owns(v)]
+        self.shard.refresh()
+        owned = [(g, self.shard.slices[self.shard.index(v)]) for g, v in zip(reduced, variables) if self.shard.owns(v)]
         # Empty slices of the received gradients and of the collectives' unused results ride along in the
         # allgathers: a data dependency that makes each allgather wait for this worker's gradients (one whose
         # part of a bucket is empty would otherwise be sent at the start of the step, and wait there holding

@@ -1,15 +1,19 @@
 """The optimizer's state in the owners' parts (ZeRO stages 1 and 2): the reduce-scatter reducer's
 `optimizer_state` (DistributedOptimizer(shard_optimizer_state=True)).
 
-hvdkeras.reduce.reduce_scatter partitions the trainable variables by whole variables, reduces each gradient to
-its owner, and all-gathers the updated variables. This module keeps the inner optimizer's side of it
-(`ShardedState`): the optimizer is built on its owner's variables only, so each slot (a moment, a velocity,
+hvdkeras.reduce.reduce_scatter partitions the trainable variables into pieces, reduces each piece's gradient to
+its owner, and all-gathers the updated pieces. This module keeps the inner optimizer's side of it
+(`ShardedState`): the optimizer is built on its owner's pieces only, so each slot (a moment, a velocity,
 Adafactor's factored second moments) exists once in the job instead of once per worker.
 
-Whole variables keep every per-variable rule of Keras's optimizers exact and unmodified (clipnorm,
-Adafactor's factored moments, Lamb's trust ratio, exclude_from_weight_decay, EMA), and the owner updates the
-model's own variable, with no second copy of the weights. The rules that span variables are made to span
-workers: global_clipnorm's norm and the loss-scale optimizer's finiteness check are all-reduced.
+`splittable` says which variables may be cut into runs of rows: those of Keras's optimizers whose update is
+elementwise (SGD, Adam, AdamW, RMSprop, Adagrad, Adadelta, Adamax, Nadam, Lion, Ftrl), without clipnorm (a
+per-variable norm) and not excluded from weight decay. The owner of a piece updates a variable of the piece's
+shape, set from the model's variable before each update, with the same elementwise math, so the result is
+the same bits. Any other variable is owned whole, which keeps every per-variable rule exact and unmodified
+(clipnorm, Adafactor's factored moments, Lamb's trust ratio, exclusions), and its owner updates the model's
+own variable. The rules that span variables are made to span workers: global_clipnorm's norm and the
+loss-scale optimizer's finiteness check are all-reduced.
 
 Checkpoints hold the full state, in the order an unsharded optimizer of the same kind saves it, so plain
 Keras loads them; `full_layout` maps that order onto each worker's part.
@@ -19,7 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import types
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import keras
 import numpy as np
@@ -29,7 +33,7 @@ from keras.optimizers import LossScaleOptimizer
 from hvdkeras import _collectives as C
 from hvdkeras.reduce.base import OptimizerState
 from hvdkeras.reduce.options import ReductionOptions
-from hvdkeras.reduce.shard import EVERY, Shard, pack
+from hvdkeras.reduce.shard import Shard, pack
 from hvdkeras.variables import var_id
 
 
@@ -74,6 +78,23 @@ def _global_clip(layer: Any, process_set: Any):
     return types.MethodType(clip_gradients, layer)
 
 
+ELEMENTWISE = (keras.optimizers.SGD, keras.optimizers.Adam, keras.optimizers.AdamW, keras.optimizers.RMSprop,
+               keras.optimizers.Adagrad, keras.optimizers.Adadelta, keras.optimizers.Adamax, keras.optimizers.Nadam,
+               keras.optimizers.Lion, keras.optimizers.Ftrl)
+
+
+def splittable(optimizer: Any) -> Callable[[Any], bool]:
+    """Whether `optimizer`'s math may update a variable in pieces: its kind is one of Keras's elementwise
+    optimizers (exactly: a subclass may change the update), it clips no per-variable norm, and the variable is
+    not excluded from its weight decay."""
+    base = _layers(optimizer)[-1]
+    if type(base) not in ELEMENTWISE or base.clipnorm:
+        return lambda variable: False
+    if not base.weight_decay:
+        return lambda variable: True
+    return base._use_weight_decay
+
+
 def install_cross_worker_rules(optimizer: Any, shard: Shard, options: ReductionOptions) -> None:
     """Makes the rules that span all variables span all workers, on this optimizer instance only:
     global_clipnorm's norm over every worker's gradients, and the loss-scale finiteness check (every worker
@@ -82,7 +103,7 @@ def install_cross_worker_rules(optimizer: Any, shard: Shard, options: ReductionO
         if isinstance(layer, LossScaleOptimizer):
             layer.check_finite = _all_finite(layer, options.process_set)
         elif layer.global_clipnorm:
-            if any(o == EVERY for o in shard.owners):
+            if shard.has_local():
                 raise ValueError(
                     "shard_optimizer_state=True cannot combine `global_clipnorm` with local variables "
                     "(PartialDistributedOptimizer, register_local_var): the norm would count each worker's local "
@@ -195,60 +216,67 @@ def full_layout(optimizer: Any, variables: Sequence[Any]) -> list[Entry]:
     return entries
 
 
+def _positions(shard: Shard) -> dict[int, int]:
+    """The index of each variable this worker updates (a piece or the whole) -> its place in the built order."""
+    return {i: p for p, i in enumerate(shard.owned_indices())}
+
+
 def gather_state(optimizer: Any, layout: Sequence[Entry], shard: Shard, options: ReductionOptions) -> list:
     """The full state, as numpy arrays in `layout`'s order, on every worker (collective: every worker calls it).
 
-    One allgather per dtype, each worker's part padded to the longest (see all_gather_variables). The slots'
+    One allgather per dtype, each worker's part padded to the longest (see all_gather_variables); a slot of a
+    variable cut into pieces is its owners' slots joined along the first axis, in row order. The slots'
     shapes are exchanged once per shard: Adafactor's factored moments, say, are not shaped like their variable.
     """
-    position = {var_id(v): p for p, v in enumerate(shard.owned())}
+    position = _positions(shard)
 
     def local_value(entry: Entry) -> Any:
         if entry.variable is None:
             return _resolve(optimizer, entry.address)
-        return _resolve(optimizer, entry.address, position[var_id(shard.variables[entry.variable])])
+        return _resolve(optimizer, entry.address, position[entry.variable])
 
-    mine = {j: local_value(e) for j, e in enumerate(layout)
-            if e.variable is not None and shard.owners[e.variable] == shard.rank}
+    mine = {j: local_value(e) for j, e in enumerate(layout) if e.variable is not None and shard.holds(e.variable)}
     specs = shard.__dict__.get("_state_specs")
     if specs is None:
-        specs = {}
-        for part in C.allgather_object({j: (tuple(v.shape), tf.as_dtype(v.dtype).name) for j, v in mine.items()},
-                                       name="hvdkeras.sharded.state_specs"):
-            specs.update(part)
+        specs = C.allgather_object({j: (tuple(v.shape), tf.as_dtype(v.dtype).name) for j, v in mine.items()},
+                                   name="hvdkeras.sharded.state_specs")
         object.__setattr__(shard, "_state_specs", specs)
     values: list = [None] * len(layout)
     for j, entry in enumerate(layout):
-        if entry.variable is None or shard.owners[entry.variable] == EVERY:
+        if entry.variable is None or shard.is_local(shard.variables[entry.variable]):
             values[j] = np.asarray(local_value(entry).numpy())
-    for dtype in sorted({d for _, d in specs.values()}):
-        entries = [j for j in sorted(specs) if specs[j][1] == dtype]
-        lengths = [sum(int(np.prod(specs[j][0])) for j in entries if shard.owners[layout[j].variable] == r)
-                   for r in range(shard.size)]
+    found: dict[int, dict[int, np.ndarray]] = {}
+    for dtype in sorted({d for part in specs for _, d in part.values()}):
+        entries = [sorted(j for j in part if part[j][1] == dtype) for part in specs]
+        lengths = [sum(int(np.prod(specs[r][j][0])) for j in entries[r]) for r in range(shard.size)]
         longest = max(lengths)
-        flat = pack([tf.convert_to_tensor(mine[j]) for j in entries if j in mine], dtype)
+        flat = pack([tf.convert_to_tensor(mine[j]) for j in entries[shard.rank]], dtype)
         if lengths[shard.rank] < longest:
             flat = tf.pad(flat, [[0, longest - lengths[shard.rank]]])
         full = C.allgather(flat, name=f"hvdkeras.sharded.state.{dtype}", process_set=options.process_set).numpy()
-        offsets = [r * longest for r in range(shard.size)]
-        for j in entries:
-            owner = shard.owners[layout[j].variable]
-            n = int(np.prod(specs[j][0]))
-            values[j] = full[offsets[owner]:offsets[owner] + n].reshape(specs[j][0])
-            offsets[owner] += n
+        for r in range(shard.size):
+            offset = r * longest
+            for j in entries[r]:
+                shape = specs[r][j][0]
+                n = int(np.prod(shape))
+                found.setdefault(j, {})[r] = full[offset:offset + n].reshape(shape)
+                offset += n
+    for j, by_owner in found.items():
+        owners = [p.owner for p in shard.pieces[layout[j].variable]]
+        values[j] = by_owner[owners[0]] if len(owners) == 1 else np.concatenate([by_owner[r] for r in owners], axis=0)
     return values
 
 
 def assign_state(optimizer: Any, layout: Sequence[Entry], shard: Shard, values: Sequence[Any]) -> None:
     """Sets this worker's part of the state from full-state `values` in `layout`'s order (no communication)."""
-    position = {var_id(v): p for p, v in enumerate(shard.owned())}
+    position = _positions(shard)
     for entry, value in zip(layout, values):
         if entry.variable is None:
             _resolve(optimizer, entry.address).assign(value)
-        elif shard.owns(shard.variables[entry.variable]):
-            target = _resolve(optimizer, entry.address, position[var_id(shard.variables[entry.variable])])
+        elif entry.variable in position:
+            target = _resolve(optimizer, entry.address, position[entry.variable])
             if target is not None:
-                target.assign(value)
+                target.assign(shard.part(entry.variable, value))
 
 
 def broadcast_state(optimizer: Any, layout: Sequence[Entry], shard: Shard, values: Sequence[Any] | None,
@@ -260,7 +288,7 @@ def broadcast_state(optimizer: Any, layout: Sequence[Entry], shard: Shard, value
                                root_rank=root, name="hvdkeras.sharded.restore_specs")
     if specs is None:
         return False
-    position = {var_id(v): p for p, v in enumerate(shard.owned())}
+    position = _positions(shard)
     for j, (entry, (shape, dtype)) in enumerate(zip(layout, specs)):
         if slots_only and entry.variable is None:
             continue
@@ -268,8 +296,8 @@ def broadcast_state(optimizer: Any, layout: Sequence[Entry], shard: Shard, value
         value = C.broadcast(send, root, name=f"hvdkeras.sharded.restore.{j}")
         if entry.variable is None:
             _resolve(optimizer, entry.address).assign(value)
-        elif shard.owns(shard.variables[entry.variable]):
-            _resolve(optimizer, entry.address, position[var_id(shard.variables[entry.variable])]).assign(value)
+        elif entry.variable in position:
+            _resolve(optimizer, entry.address, position[entry.variable]).assign(shard.part(entry.variable, value))
     return True
 
 
@@ -308,6 +336,8 @@ class ShardedState(OptimizerState):
         self._layout: list[Entry] | None = None  # the unsharded optimizer's variable order, found when first needed
         self._gathered: list | None = None  # the full state gathered by consolidate, until the next save
         self._loaded: list | None = None  # the full state rank 0 alone loaded, until share_loaded
+        # False: every variable owned whole, as before variables were cut into pieces (to compare against).
+        self.split_variables = True
 
     def __repr__(self) -> str:
         return f"ShardedState({self._reducer!r})"
@@ -321,6 +351,9 @@ class ShardedState(OptimizerState):
         if self._layout is None:
             self._layout = full_layout(optimizer, self._shard.variables)
         return self._layout
+
+    def prepare(self, optimizer: Any) -> None:
+        self._reducer.splittable = splittable(optimizer) if self.split_variables else None
 
     def build(self, optimizer: Any, updated: Sequence[Any]) -> Any:
         # Keras may build inside the traced train step; the state's layout is read from eager copies.
@@ -346,7 +379,8 @@ class ShardedState(OptimizerState):
 
     def finalize(self, optimizer: Any, variables: Sequence[Any]) -> None:
         variables = list(variables)
-        optimizer.finalize_variable_values([v for v in variables if self._shard.owns(v)])
+        self._shard.refresh()
+        optimizer.finalize_variable_values(self._reducer.updated(variables))
         self._reducer.share_updated(variables)
 
     def save(self, optimizer: Any, store: Any, alone: bool) -> None:

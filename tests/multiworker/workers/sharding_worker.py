@@ -86,6 +86,25 @@ def model_fn(seed=0):
     return keras.Model(inp, out)
 
 
+def embedding_model_fn(seed=0):
+    """An embedding of 64 x 16 (1,024 of the model's 1,219 parameters), whose gradient is sparse."""
+    seed_everything(seed)
+    inp = keras.Input((4,), dtype="int32")
+    h = keras.layers.Flatten()(keras.layers.Embedding(64, 16)(inp))
+    out = keras.layers.Dense(3)(h)
+    return keras.Model(inp, out)
+
+
+def tokens(x):
+    return (np.abs(x[:, :4]) * 17).astype("int32") % 64
+
+
+def adamw_excluding_biases():
+    opt = keras.optimizers.AdamW(0.01, weight_decay=0.05)
+    opt.exclude_from_weight_decay(var_names=["bias"])
+    return opt
+
+
 def schedule():
     return keras.optimizers.schedules.ExponentialDecay(0.01, decay_steps=5, decay_rate=0.7)
 
@@ -103,6 +122,10 @@ KINDS = {
     "bpps2": lambda: keras.optimizers.SGD(0.05, momentum=0.9),
     "mixed_float16": lambda: keras.optimizers.Adam(0.01),
     "xla": lambda: keras.optimizers.Adam(0.01),  # jit_compile=True: XLA kept for the forward and backward pass
+    "adamw_excluded": adamw_excluding_biases,  # the biases, excluded from the decay, are owned whole
+    "embedding": lambda: keras.optimizers.Adam(0.01),  # sparse gradients of an embedding cut into rows
+    "embedding_whole": lambda: keras.optimizers.Adam(0.01, clipnorm=0.05),  # owned whole by one worker
+    "nadam": lambda: keras.optimizers.Nadam(0.01),
 }
 
 
@@ -112,11 +135,12 @@ def train(kind, shard, x, y, steps=None, model=None):
     try:
         extra = {"backward_passes_per_step": 2} if kind == "bpps2" else {}
         if model is None:
-            model = model_fn()
+            model = embedding_model_fn() if kind.startswith("embedding") else model_fn()
             opt = hvd.DistributedOptimizer(KINDS[kind](), shard_optimizer_state=shard, **extra)
             model.compile(optimizer=opt, loss="mse", jit_compile=kind == "xla")
         n = len(x) if steps is None else steps * B
-        model.fit(x[:n], y[:n], batch_size=B, shuffle=False, epochs=1, verbose=0,
+        inputs = tokens(x[:n]) if kind.startswith("embedding") else x[:n]
+        model.fit(inputs, y[:n], batch_size=B, shuffle=False, epochs=1, verbose=0,
                   callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0)])
     finally:
         keras.mixed_precision.set_global_policy("float32")
@@ -142,6 +166,8 @@ for kind in KINDS:
     result[f"{kind}_xla_kept"] = [xla.is_split(m) and bool(m.jit_compile) for m in (plain, sharded)]
     opt = sharded.optimizer
     result[f"{kind}_slot_elements"] = elements(opt.shard_variables())
+    shard = opt.reducer.shard
+    result[f"{kind}_split"] = [v.name for i, v in enumerate(shard.variables) if shard.split(i)]
     result[f"{kind}_plain_slot_elements"] = elements(slots(plain.optimizer.inner_optimizer))
     gathered = opt.gather_state()
     full = [v.numpy() for v in plain.optimizer.inner_optimizer.variables]

@@ -72,20 +72,48 @@ def test_an_optimizer_whose_slots_cannot_be_placed_is_refused_naming_it():
         sharding.full_layout(DictSlots(0.1), model.trainable_variables)
 
 
-def test_reshard_keeps_the_owned_part_of_a_full_state():
-    model = stack()
+@pytest.mark.parametrize("cut", [False, True])
+def test_reshard_keeps_the_owned_part_of_a_full_state(cut):
+    model = stack((4, 8, 16, 2))
     variables = model.trainable_variables
     full = keras.optimizers.Adam(0.1)
-    full.apply([tf.fill(v.shape, 0.5) for v in variables], variables)
-    shard = Shard.make(variables, ReductionOptions(bucket_bytes=0), frozenset(), 1, 2)
+    full.apply([tf.fill(v.shape, 0.5) * (1.0 + np.arange(int(v.shape[0])).reshape([-1] + [1] * (len(v.shape) - 1)))
+                for v in variables], variables)
+    shard = Shard.make(variables, ReductionOptions(bucket_bytes=0), frozenset(), 1, 2,
+                       splittable=sharding.splittable(full) if cut else None)
+    assert any(shard.split(i) for i in range(len(variables))) is cut
     part = sharding.reshard(full, shard)
     assert int(part.iterations.numpy()) == 1
-    owned = shard.owned()
+    owned = shard.owned_indices()
     assert len(part.variables) == 2 + 2 * len(owned)
-    for k, var in enumerate(owned):
-        i = full._get_variable_index(var)
-        np.testing.assert_array_equal(part._momentums[k].numpy(), full._momentums[i].numpy())
-        np.testing.assert_array_equal(part._velocities[k].numpy(), full._velocities[i].numpy())
+    for k, i in enumerate(owned):
+        p = shard.piece(i)
+        np.testing.assert_array_equal(part._momentums[k].numpy(), full._momentums[i].numpy()[p.lo:p.hi])
+        np.testing.assert_array_equal(part._velocities[k].numpy(), full._velocities[i].numpy()[p.lo:p.hi])
+
+
+@pytest.mark.parametrize("factory, cut", [
+    (lambda: keras.optimizers.Adam(), True),
+    (lambda: keras.optimizers.SGD(momentum=0.9), True),
+    (lambda: keras.optimizers.Nadam(), True),
+    (lambda: keras.optimizers.Lion(), True),
+    (lambda: keras.optimizers.LossScaleOptimizer(keras.optimizers.Adam()), True),
+    (lambda: keras.optimizers.Adafactor(), False),  # factored second moments: per whole variable
+    (lambda: keras.optimizers.Lamb(), False),  # a trust ratio of whole-variable norms
+    (lambda: keras.optimizers.Adam(clipnorm=1.0), False),  # a per-variable norm
+])
+def test_only_elementwise_updates_are_cut_into_pieces(factory, cut):
+    model = stack()
+    rule = sharding.splittable(factory())
+    assert [rule(v) for v in model.trainable_variables] == [cut] * len(model.trainable_variables)
+
+
+def test_a_variable_excluded_from_weight_decay_is_owned_whole():
+    model = stack()
+    opt = keras.optimizers.AdamW(weight_decay=0.1)
+    opt.exclude_from_weight_decay(var_names=["bias"])
+    rule = sharding.splittable(opt)
+    assert [rule(v) for v in model.trainable_variables] == ["kernel" in v.path for v in model.trainable_variables]
 
 
 def test_assign_state_takes_the_owned_entries_of_a_full_state():
