@@ -4,7 +4,7 @@ worker's weights after the update. `DistributedOptimizer(shard_optimizer_state=T
 `optimizer_state` (sharded_state.py) keeps the optimizer's state in the owners' parts (docs/sharding.md).
 
 Who owns what is shard.py's `partition`: whole variables where the optimizer's math needs them whole, runs of
-rows of the others, so each worker owns about 1/N of each bucket (`Shard`). Every step:
+rows of the others, so each worker owns about 1/N of the state (`Shard`). Every step:
 
 1. The dense gradients are reduce-scattered in the buckets the allreduce reducer all-reduces them in
    (consecutive buckets merged until the workers' parts are about equal: `groups.balanced_groups`), each as

@@ -2,10 +2,11 @@
 of a variable's first axis), and the packing of a worker's parts into one buffer.
 
 A variable the optimizer's math may update in parts (`splittable`: an elementwise rule such as Adam's) is cut
-into contiguous runs of rows, one per worker, so each worker owns about 1/N of every bucket however unequal the
-variables are. A variable the math needs whole (Adafactor's factored moments, clipnorm's per-variable norm, a
-per-variable exclusion) is owned whole by one worker. The owner of a piece updates a variable of the piece's
-shape (`Shard.slices`: the model's variable itself for a whole one) and the updated pieces are all-gathered.
+into contiguous runs of rows, one per worker, so each worker owns about 1/N of the state however unequal the
+variables are (where whole variables would not already do that). A variable the math needs whole
+(Adafactor's factored moments, clipnorm's per-variable norm, a per-variable exclusion) is owned whole by one
+worker. The owner of a piece updates a variable of the piece's shape (`Shard.slices`: the model's variable
+itself for a whole one), and the updated pieces are all-gathered.
 """
 
 from __future__ import annotations
@@ -29,6 +30,8 @@ EVERY = -1  # the owner of a local variable (PartialDistributedOptimizer): every
 # packet boundary is computed exactly as those elements of the whole variable are. An unaligned cut changed
 # RMSprop's weights by 6e-8 in 20 steps; 64 elements is a whole number of packets up to 2048-bit SIMD.
 ALIGN = 64
+# Variables are cut only where owning them whole would leave a worker more than 1/N + this of the state.
+WHOLE_SLACK = 0.01
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,14 +59,36 @@ def partition(sizes: Sequence[int], row_counts: Sequence[int], splittable: Seque
               buckets: Sequence[Sequence[int]], n: int) -> list[tuple[Piece, ...]]:
     """The pieces of each variable, in row order.
 
-    Within each bucket, the variables that must stay whole go first, largest first, to the worker with the least
-    of that bucket so far (then the least overall, then the lowest rank); the splittable ones, in the bucket's
-    order, then fill every worker up to one level, each worker taking one contiguous run of their rows (cut at
-    the nearest row that begins a multiple of ALIGN elements; a variable too small for such a cut stays whole).
-    So each bucket's reduce-scatter parts are about equal, and so are the workers' totals. Depends only on
+    Whole variables where that leaves no worker more than 1/N + WHOLE_SLACK of the elements (equal layers, say),
+    or where cutting would not leave the most loaded worker less: no worker then needs a copy of part of a
+    variable. Otherwise, bucket by bucket, the variables that must stay whole go first, largest first, to the
+    worker with the least of that bucket so far (then the least overall, then the lowest rank); the splittable
+    ones, in the bucket's order, then fill the workers' totals so far up to one level, each worker taking one
+    contiguous run of their rows (cut at the nearest row that begins a multiple of ALIGN elements; a variable
+    too small for such a cut stays whole).
+    So the workers' totals are about equal, and so are each large bucket's reduce-scatter parts. Depends only on
     the sizes, rows, rule and buckets, so every worker computes the same pieces. Variables in no bucket are
     EVERY's (local).
     """
+    whole = _partition(sizes, row_counts, [False] * len(sizes), buckets, n)
+    most = _most_held(sizes, row_counts, whole, n)
+    if not any(splittable) or most <= sum(sizes) * (1 / n + WHOLE_SLACK):
+        return whole
+    cut = _partition(sizes, row_counts, splittable, buckets, n)
+    return cut if _most_held(sizes, row_counts, cut, n) < most else whole
+
+
+def _most_held(sizes: Sequence[int], row_counts: Sequence[int], pieces: Sequence[Sequence[Piece]], n: int) -> int:
+    held = [0] * n
+    for size, rows_, own in zip(sizes, row_counts, pieces):
+        for p in own:
+            if p.owner != EVERY:
+                held[p.owner] += (p.hi - p.lo) * (size // rows_)
+    return max(held)
+
+
+def _partition(sizes: Sequence[int], row_counts: Sequence[int], splittable: Sequence[bool],
+               buckets: Sequence[Sequence[int]], n: int) -> list[tuple[Piece, ...]]:
     pieces: list[tuple[Piece, ...]] = [(Piece(EVERY, 0, r),) for r in row_counts]
     total = [0.0] * n
     for bucket in buckets:
@@ -75,7 +100,7 @@ def partition(sizes: Sequence[int], row_counts: Sequence[int], splittable: Seque
             pieces[i] = (Piece(r, 0, row_counts[i]),)
             load[r] += sizes[i]
             total[r] += sizes[i]
-        takes = _levels(load, float(sum(sizes[i] for i in split)))
+        takes = _levels(total, float(sum(sizes[i] for i in split)))
         ends = [sum(takes[:r + 1]) for r in range(n)]
         start = 0.0
         for i in split:

@@ -131,6 +131,18 @@ def test_a_splittable_shard_gives_each_worker_slice_variables_of_its_rows(n):
         assert sum(int(np.prod(s.shape)) for s in shard.owned()) == shard.elements_by_worker()[shard.rank]
 
 
+def test_variables_that_balance_whole_are_owned_whole_with_no_copies():
+    model = stack((64, 64, 64, 64, 64))  # four equal layers
+    variables = model.trainable_variables
+    ids = {id(v) for v in variables}
+    for rank in (0, 1):
+        shard = Shard.make(variables, ReductionOptions(), frozenset(), rank, 2, splittable=lambda v: True)
+        assert not any(shard.split(i) for i in range(len(variables)))
+        assert all(id(s) in ids for s in shard.owned())  # the model's own variables: no copy of any part
+        counts = shard.elements_by_worker()
+        assert max(counts) <= sum(counts) * (1 / 2 + 0.01)
+
+
 def test_more_workers_than_variables_is_a_clear_error():
     model = stack((3, 2))  # two variables
     with pytest.raises(ValueError, match=r"2 shared variables for 4 workers leave workers \[2, 3\]"):
