@@ -16,28 +16,20 @@ import argparse
 import datetime
 import json
 import os
-import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from sharding_benchmark import BIN, WORKER, _env  # noqa: E402
+from sharding_benchmark import run as run_job  # noqa: E402
 
-WAYS = (("unsharded", []), ("whole", ["--shard", "--whole"]), ("pieces", ["--shard"]))
+# Each way: whether the state is sharded, and the worker's arguments for it.
+WAYS = (("unsharded", False, ()), ("whole", True, ("--whole",)), ("pieces", True, ()))
 
 
-def run(model: str, n: int, extra: list[str], steps: int) -> list[dict]:
-    with tempfile.TemporaryDirectory() as out:
-        cmd = [str(BIN / "horovodrun"), "-np", str(n), "-H", f"localhost:{n}", "--gloo", sys.executable, str(WORKER),
-               out, "--model", model, "--width", "0", "--layers", "0", "--steps", str(steps), "--batch", "32", *extra]
-        done = subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=900)
-        paths = sorted(Path(out).glob("rank*.json"))
-        if done.returncode != 0 or len(paths) != n:
-            raise SystemExit(f"{' '.join(cmd)} exited {done.returncode}:\n{(done.stdout + done.stderr)[-6000:]}")
-        return [json.loads(p.read_text()) for p in paths]
+def run(model: str, n: int, shard: bool, extra: tuple[str, ...], steps: int) -> list[dict]:
+    return run_job(n, 0, shard, steps, timeout=900, extra=("--model", model, "--batch", "32", *extra))
 
 
 def main() -> None:
@@ -51,8 +43,8 @@ def main() -> None:
     for k in range(args.rounds):  # every configuration once per round: the machine's drift hits them alike
         for model in ("mlp", "embedding"):
             for n in (2, 4):
-                for way, extra in WAYS:
-                    ranks = run(model, n, extra, args.steps)
+                for way, shard, extra in WAYS:
+                    ranks = run(model, n, shard, extra, args.steps)
                     runs.setdefault((model, n, way), []).append(ranks)
                     print(f"round {k + 1}: {model} N={n} {way}: step "
                           f"{max(r['step_seconds'] for r in ranks) * 1000:.1f} ms", flush=True)

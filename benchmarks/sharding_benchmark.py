@@ -39,11 +39,13 @@ def _env() -> dict:
                 PYTHONPATH=str(REPO))
 
 
-def run(n: int, width: int, shard: bool, steps: int, cgroup: str | None = None, timeout: float = 600) -> list | None:
-    """Each rank's measurements, or None when the job failed (with a cgroup: a worker ran out of memory)."""
+def run(n: int, width: int, shard: bool, steps: int, cgroup: str | None = None, timeout: float = 600,
+        extra: tuple[str, ...] = ()) -> list | None:
+    """Each rank's measurements, or None when the job failed (with a cgroup: a worker ran out of memory).
+    `extra`: more of the worker's arguments (--model, --batch, --whole)."""
     with tempfile.TemporaryDirectory() as out:
         cmd = [str(BIN / "horovodrun"), "-np", str(n), "-H", f"localhost:{n}", "--gloo", sys.executable,
-               str(WORKER), out, "--width", str(width), "--layers", str(LAYERS), "--steps", str(steps)]
+               str(WORKER), out, "--width", str(width), "--layers", str(LAYERS), "--steps", str(steps), *extra]
         cmd += ["--shard"] if shard else []
         cmd += ["--cgroup", cgroup] if cgroup else []
         done = subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=timeout)

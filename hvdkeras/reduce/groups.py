@@ -22,10 +22,7 @@ from hvdkeras.variables import var_id
 
 def numel(var: Any) -> int:
     """How many elements a variable (or tensor) of a fully defined shape holds."""
-    count = 1
-    for dim in var.shape:
-        count *= int(dim)
-    return count
+    return rows(var) * row_elements(var)
 
 
 def rows(var: Any) -> int:

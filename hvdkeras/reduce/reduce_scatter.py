@@ -29,7 +29,7 @@ from hvdkeras.reduce.allreduce import allgather_sparse, allreduce_group, reduce_
 from hvdkeras.reduce.base import Reduced, Reducer
 from hvdkeras.reduce.groups import balanced_groups, dense_groups, parts, row_elements
 from hvdkeras.reduce.options import ReductionOptions
-from hvdkeras.reduce.shard import Shard, pack
+from hvdkeras.reduce.shard import Shard, covers, pack, piece_rows
 from hvdkeras.reduce.sharded_state import ShardedState
 from hvdkeras.variables import var_id
 
@@ -72,19 +72,12 @@ def reduce_scatter_gradients(grads: Sequence[Any], variables: Sequence[Any], sha
 
 def _sparse_rows(reduced: tf.IndexedSlices, piece: Any, var: Any) -> tf.IndexedSlices:
     """The rows of a sparse gradient within this worker's piece of `var`, indexed from the piece's first row."""
-    if piece.lo == 0 and piece.hi == int(var.shape[0]):
+    if covers(var, piece):
         return reduced
     keep = tf.logical_and(reduced.indices >= piece.lo, reduced.indices < piece.hi)
     indices = tf.boolean_mask(reduced.indices, keep) - tf.cast(piece.lo, reduced.indices.dtype)
     return tf.IndexedSlices(tf.boolean_mask(reduced.values, keep), indices,
                             dense_shape=tf.constant([piece.hi - piece.lo] + list(var.shape[1:]), tf.int64))
-
-
-def _rows(tensor: Any, var: Any, piece: Any) -> Any:
-    """A piece's rows of a tensor shaped like `var` (the tensor itself for a whole piece)."""
-    if not len(var.shape) or (piece.lo == 0 and piece.hi == int(var.shape[0])):
-        return tensor
-    return tensor[piece.lo:piece.hi]
 
 
 def _piece_shape(var: Any, piece: Any) -> list[int]:
@@ -102,7 +95,7 @@ def _reduce_scatter_group(out: list, group: list[int], variables: Sequence[Any],
         for i in group:
             out[i] = None
         for i, p in per[shard.rank]:
-            out[i] = _rows(reduced[i], variables[i], p)
+            out[i] = piece_rows(reduced[i], variables[i], p)
         return [] if per[shard.rank] else [reduced[group[0]]]
     compressed, ctxs = {}, {}
     for i in group:
@@ -110,7 +103,7 @@ def _reduce_scatter_group(out: list, group: list[int], variables: Sequence[Any],
     dtype = compressed[group[0]].dtype
     segments = []
     for owned, length in zip(per, lengths):
-        flat = pack([_rows(compressed[i], variables[i], p) for i, p in owned], dtype)
+        flat = pack([piece_rows(compressed[i], variables[i], p) for i, p in owned], dtype)
         segments.append(tf.pad(flat, [[0, longest - length]]) if length < longest else flat)
     # A reduce-scatter as an alltoall (each worker receives every worker's copy of its own part) and a sum
     # here, in rank order: Horovod's Gloo reduce-scatter took twice an allreduce of the same buffer, the

@@ -18,7 +18,7 @@ from typing import Any, Callable, Sequence
 import keras
 import tensorflow as tf
 
-from hvdkeras.reduce.groups import dense_groups, numel, row_elements, rows
+from hvdkeras.reduce.groups import dense_groups, numel, rows
 from hvdkeras.reduce.options import ReductionOptions
 from hvdkeras.variables import var_id
 
@@ -79,12 +79,17 @@ def partition(sizes: Sequence[int], row_counts: Sequence[int], splittable: Seque
 
 
 def _most_held(sizes: Sequence[int], row_counts: Sequence[int], pieces: Sequence[Sequence[Piece]], n: int) -> int:
+    return max(_held(sizes, row_counts, pieces, n))
+
+
+def _held(sizes: Sequence[int], row_counts: Sequence[int], pieces: Sequence[Sequence[Piece]], n: int) -> list[int]:
+    """How many elements of the shared variables each of the n workers owns."""
     held = [0] * n
-    for size, rows_, own in zip(sizes, row_counts, pieces):
+    for size, count, own in zip(sizes, row_counts, pieces):
         for p in own:
             if p.owner != EVERY:
-                held[p.owner] += (p.hi - p.lo) * (size // rows_)
-    return max(held)
+                held[p.owner] += size if (p.lo, p.hi) == (0, count) else (p.hi - p.lo) * (size // count)
+    return held
 
 
 def _partition(sizes: Sequence[int], row_counts: Sequence[int], splittable: Sequence[bool],
@@ -120,8 +125,15 @@ def _partition(sizes: Sequence[int], row_counts: Sequence[int], splittable: Sequ
     return pieces
 
 
-def _whole(var: Any, piece: Piece) -> bool:
+def covers(var: Any, piece: Piece) -> bool:
+    """Whether `piece` is all of `var`."""
     return piece.lo == 0 and piece.hi == rows(var)
+
+
+def piece_rows(value: Any, var: Any, piece: Piece) -> Any:
+    """`piece`'s rows of `value` (a tensor or array shaped like `var` along its first axis, as a gradient or an
+    elementwise optimizer's slot is); `value` itself for a piece that is all of `var`."""
+    return value if covers(var, piece) else value[piece.lo:piece.hi]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -158,7 +170,7 @@ class Shard:
             mine = [p for p in own if p.owner in (EVERY, rank)]
             if not mine:
                 slices.append(None)
-            elif _whole(var, mine[0]):
+            elif covers(var, mine[0]):
                 slices.append(var)
             else:
                 p = mine[0]
@@ -212,7 +224,7 @@ class Shard:
     def part(self, i: int, value: Any) -> Any:
         """This worker's rows of `value` (a tensor or array shaped like the i-th variable, or like its slot)."""
         p = self.piece(i)
-        return value if p is None or _whole(self.variables[i], p) else value[p.lo:p.hi]
+        return value if p is None else piece_rows(value, self.variables[i], p)
 
     def refresh(self) -> None:
         """Sets each slice variable to its rows of the model's variable (which every worker holds in full, and which
@@ -223,12 +235,7 @@ class Shard:
 
     def elements_by_worker(self) -> list[int]:
         """How many elements of the shared variables each worker owns (what its slots are made from)."""
-        counts = [0] * self.size
-        for var, own in zip(self.variables, self.pieces):
-            for p in own:
-                if p.owner != EVERY:
-                    counts[p.owner] += (p.hi - p.lo) * row_elements(var)
-        return counts
+        return _held([numel(v) for v in self.variables], [rows(v) for v in self.variables], self.pieces, self.size)
 
 
 def pack(tensors: Sequence[Any], dtype: Any) -> tf.Tensor:

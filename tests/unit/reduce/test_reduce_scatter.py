@@ -89,6 +89,11 @@ def test_an_aligned_piece_updates_to_the_same_bits_as_the_whole_variable_in_a_tr
     assert np.array_equal(got.view(np.uint32), whole.numpy().view(np.uint32))
 
 
+def test_a_variable_of_no_rows_is_owned_whole():
+    pieces = partition([0, 1000, 10], [0, 10, 10], [True, True, False], [[0, 1, 2]], 2)
+    assert len(pieces[0]) == 1 and (pieces[0][0].lo, pieces[0][0].hi) == (0, 0)
+
+
 def test_partition_keeps_unsplittable_variables_whole_and_fills_around_them():
     sizes = [1000, 1000, 10]
     pieces = partition(sizes, [10, 10, 10], [False, True, True], [[0, 1, 2]], 2)
