@@ -5,7 +5,7 @@ against the same model's `fit` step, on one model, side by side in one process.
 
 keras3: fit (hvdkeras.DistributedOptimizer in Keras's fit), tape (hvdkeras.DistributedGradientTape in a
         tf.function loop, a plain optimizer), unmodified (the same loop with a plain tape and a plain optimizer,
-        made data-parallel by the patch `hvdkeras run` installs: hvdkeras.loops), horovod_tape (Horovod's own
+        made data-parallel by the patch `hvdkeras run` installs: hvdkeras.training.loops), horovod_tape (Horovod's own
         DistributedGradientTape on Keras 3, given the tf.Variables inside the Keras ones, which it needs).
 keras2: horovod_tape_keras2 (Horovod's DistributedGradientTape with tf-keras, TF_USE_LEGACY_KERAS=1, as Horovod
         documents its TF2 loop) and horovod_fit_keras2 (Horovod's Keras DistributedOptimizer in tf-keras's fit).
@@ -40,7 +40,7 @@ def keras3_runners(model_name, rank, barrier):
     import keras
 
     import hvdkeras as hvd
-    from hvdkeras import loops
+    from hvdkeras.training import loops
 
     make, shape = MODELS[model_name]
     data = dataset(shape, rank)

@@ -1,5 +1,5 @@
 """One worker of benchmarks/xla_benchmark.py: times a model's fit step with XLA kept for the forward and backward
-pass (hvdkeras.xla) and with XLA off, interleaved in one process; writes OUT_JSON.rank<r>.
+pass (hvdkeras.training.xla) and with XLA off, interleaved in one process; writes OUT_JSON.rank<r>.
 
     xla_worker.py OUT_JSON --models mlp,conv,transformer [--steps 8] [--rounds 3] [--warmup 2] [--plain]
 
@@ -26,7 +26,7 @@ import keras  # noqa: E402
 from net_worker import conv_model  # noqa: E402
 
 import hvdkeras as hvd  # noqa: E402
-from hvdkeras import xla  # noqa: E402
+from hvdkeras.training import xla  # noqa: E402
 
 CLASSES = 10
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import keras
 
-from hvdkeras import rank_zero
-from hvdkeras.models import average_model_state, prepare_xla
+from hvdkeras.training import rank_zero
+from hvdkeras.training.models import average_model_state, prepare_xla
 
 
 class HvdCallback(keras.callbacks.Callback):

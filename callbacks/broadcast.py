@@ -9,8 +9,8 @@ import tensorflow as tf
 
 from hvdkeras import collectives, settings
 from hvdkeras._checks import check_int
-from hvdkeras.models import held_optimizers
-from hvdkeras.optimizer import DistributedOptimizer
+from hvdkeras.training.models import held_optimizers
+from hvdkeras.training.optimizer import DistributedOptimizer
 from hvdkeras.variables import var_id
 
 from ._base import HvdCallback

@@ -6,7 +6,7 @@ import numpy as np
 import tensorflow as tf
 
 from hvdkeras import _collectives as C
-from hvdkeras import metric_states
+from hvdkeras.training import metric_states
 
 from ._base import HvdCallback
 

@@ -8,10 +8,10 @@ from typing import Callable
 import keras
 
 from hvdkeras import _collectives as C
-from hvdkeras import rank_zero
 from hvdkeras._checks import check_int, check_number
-from hvdkeras.learning_rate import as_float, check_learning_rate
-from hvdkeras.optimizer import unwrap
+from hvdkeras.training import rank_zero
+from hvdkeras.training.learning_rate import as_float, check_learning_rate
+from hvdkeras.training.optimizer import unwrap
 
 from ._base import HvdCallback
 

@@ -12,8 +12,8 @@ from typing import Any
 import keras
 
 from hvdkeras import _collectives as C
-from hvdkeras import rank_zero, saving
-from hvdkeras.models import collective_optimizers, consolidate_optimizer_state
+from hvdkeras.training import rank_zero, saving
+from hvdkeras.training.models import collective_optimizers, consolidate_optimizer_state
 
 from ._base import HvdCallback
 from .broadcast import broadcast_model

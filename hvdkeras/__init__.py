@@ -22,25 +22,28 @@ __version__ = "0.1.0"
 _API = {
     "hvdkeras.basics": (
         "ProcessSet", "add_process_set", "ccl_built", "cross_rank", "cross_size", "cuda_built", "ddl_built",
-        "global_process_set", "gloo_built", "gloo_enabled", "init", "is_initialized", "local_rank", "local_size",
+        "global_process_set", "gloo_built", "gloo_enabled", "is_initialized", "local_rank", "local_size",
         "mpi_built", "mpi_enabled", "mpi_threads_supported", "nccl_built", "rank", "remove_process_set",
-        "rocm_built", "shutdown", "size", "start_timeline", "stop_timeline",
+        "rocm_built", "size", "start_timeline", "stop_timeline",
     ),
+    "hvdkeras.training.session": ("init", "shutdown"),
     "hvdkeras.collectives": (
         "Average", "Sum", "allgather", "allgather_object", "allreduce", "broadcast", "broadcast_",
         "broadcast_global_variables", "broadcast_object", "broadcast_variables", "reducescatter",
     ),
-    "hvdkeras.tape": ("DistributedGradientTape", "PartialDistributedGradientTape"),
+    "hvdkeras.training.tape": ("DistributedGradientTape", "PartialDistributedGradientTape"),
     "hvdkeras.tf2": (
         "Adasum", "Max", "Min", "Product", "alltoall", "broadcast_object_fn", "gpu_available", "grouped_allgather",
         "grouped_allreduce", "grouped_reducescatter", "is_homogeneous", "join", "local_rank_op", "local_size_op",
         "process_set_included_op", "rank_op", "size_op",
     ),
     "hvdkeras.compression": ("Compression",),
-    "hvdkeras.learning_rate": ("scale_learning_rate",),
-    "hvdkeras.optimizer": ("DistributedLossScaleOptimizer", "DistributedOptimizer", "PartialDistributedOptimizer"),
-    "hvdkeras.saving": ("load_model",),
-    "hvdkeras.sync_batch_norm": ("SyncBatchNormalization",),
+    "hvdkeras.training.learning_rate": ("scale_learning_rate",),
+    "hvdkeras.training.optimizer": (
+        "DistributedLossScaleOptimizer", "DistributedOptimizer", "PartialDistributedOptimizer",
+    ),
+    "hvdkeras.training.saving": ("load_model",),
+    "hvdkeras.training.sync_batch_norm": ("SyncBatchNormalization",),
     "hvdkeras._compat": ("is_version_greater_equal_than",),
 }
 # Submodules that import no TensorFlow (the `hvdkeras` command's): `from hvdkeras import settings` in them must

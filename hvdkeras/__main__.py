@@ -40,14 +40,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"python -m hvdkeras: error: {err}", file=sys.stderr)
         return 2
 
+    environ = settings.read()  # the settings this worker runs with, read once here
+
     def run() -> None:
         hvdkeras.init()
-        wrap.install(options)
+        wrap.install(options, write_wait=environ.write_wait)
         sys.argv = [ns.script, *ns.script_args]
         sys.path.insert(0, os.path.dirname(os.path.abspath(ns.script)))
         runpy.run_path(ns.script, run_name="__main__")
 
-    _recorded(run, settings.read().error_dir)
+    _recorded(run, environ.error_dir)
     return 0
 
 

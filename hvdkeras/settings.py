@@ -28,7 +28,10 @@ DEFAULT_STALL_TIMEOUT = 60.0
 # over a shaped link (benchmarks/network_benchmark.py; docs/network.md).
 DEFAULT_BUCKET_BYTES = 64 << 10
 DEFAULT_RENDEZVOUS_TIMEOUT = 60.0
-# How a learning rate scales with the number of workers (hvdkeras.learning_rate.scale_factor).
+# Under `python -m hvdkeras`, how long a worker other than rank 0 waits for a folder or checkpoint of the
+# script's that rank 0 writes (hvdkeras.training.script_writes) before it goes on without it.
+DEFAULT_WRITE_WAIT = 60.0
+# How a learning rate scales with the number of workers (hvdkeras.training.learning_rate.scale_factor).
 LR_SCALING_RULES = ("linear", "sqrt", "none")
 # The reducers `--reducer` names (hvdkeras.reduce), each with the options it takes there and their kinds: the
 # reducer's constructor arguments (a unit test keeps the two alike), given as NAME:KEY=VALUE,...
@@ -144,6 +147,10 @@ class Settings:
     horovod_nice: int | str | None = _setting(
         None, "nice", "the nice value of Horovod's threads, an integer from -20 to 19, or `none` to leave them; "
         "unset: -15 when the job spans hosts over Gloo", minimum=-20, maximum=19)
+    write_wait: float = _setting(
+        DEFAULT_WRITE_WAIT, "seconds", "under `python -m hvdkeras`, how long a worker other than rank 0 waits for a "
+        "folder or checkpoint the script writes on rank 0 before it goes on (a folder only that worker's script "
+        "names, such as one per rank, waits this long)")
     error_dir: str | None = _setting(
         None, "str", "where each worker writes its error record when the script fails (`hvdkeras run` makes one "
         "per job; the launcher reports the root cause from them)")

@@ -32,9 +32,10 @@ from typing import Union
 
 import keras
 
-from hvdkeras import basics, rank_zero
+from hvdkeras import basics
 from hvdkeras.callbacks._base import HvdCallback
-from hvdkeras.optimizer import unwrap
+from hvdkeras.training import rank_zero
+from hvdkeras.training.optimizer import unwrap
 
 MODEL_FILE = "model.keras"  # the whole model (with its optimizer's state), loadable with keras.models.load_model
 STATE_FILE = "hvdkeras.json"  # where in the training the checkpoint was taken

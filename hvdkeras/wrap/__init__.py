@@ -26,10 +26,12 @@ import functools
 
 import keras
 
-from hvdkeras import keras_output, loops, patches, script_writes, strategy
+from hvdkeras import patches
 from hvdkeras.compression import Compression
-from hvdkeras.models import use_xla_setting
 from hvdkeras.reduce.options import ReductionOptions
+from hvdkeras.settings import DEFAULT_WRITE_WAIT
+from hvdkeras.training import keras_output, loops, script_writes, strategy
+from hvdkeras.training.models import use_xla_setting
 from hvdkeras.wrap.compile import compile_from_config, compile_model
 from hvdkeras.wrap.files import export, write_on_rank_zero
 from hvdkeras.wrap.methods import evaluate, fit, predict, train_on_batch
@@ -44,10 +46,11 @@ def installed() -> bool:
     return patches.installed("wrap")
 
 
-def install(options: Options | None = None) -> None:
+def install(options: Options | None = None, write_wait: float = DEFAULT_WRITE_WAIT) -> None:
     """Makes `keras.Model` data-parallel in this process (the "wrap" patch; `uninstall` undoes it).
 
-    Installing again only replaces the options.
+    Installing again only replaces the options. `write_wait`: how long a rank other than 0 waits for a folder
+    or checkpoint of the script's that rank 0 writes (HVDKERAS_WRITE_WAIT; hvdkeras.training.script_writes).
     """
     STATE.options = options or Options()
     use_xla_setting(STATE.options.xla)  # what the callbacks follow too
@@ -61,7 +64,7 @@ def install(options: Options | None = None) -> None:
     strategy.install()
     loops.install(ReductionOptions(compression=Compression.fp16 if STATE.options.fp16_allreduce else Compression.none),
                   batch=None if STATE.options.no_shard else STATE.options.batch, reducer=STATE.options.reducer)
-    script_writes.install(job_start=_job_start())
+    script_writes.install(job_start=_job_start(), wait_seconds=write_wait)
 
 
 def _owner(name: str) -> type:

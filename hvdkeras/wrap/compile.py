@@ -6,12 +6,12 @@ import logging
 
 import keras
 
-from hvdkeras import rank_zero
 from hvdkeras.compression import Compression
-from hvdkeras.learning_rate import as_float, scale_factor, scale_learning_rate
-from hvdkeras.models import average_model_state, held_optimizers, prepare_xla
-from hvdkeras.optimizer import DistributedOptimizer, unwrap
 from hvdkeras.reduce import from_spec
+from hvdkeras.training import rank_zero
+from hvdkeras.training.learning_rate import as_float, scale_factor, scale_learning_rate
+from hvdkeras.training.models import average_model_state, held_optimizers, prepare_xla
+from hvdkeras.training.optimizer import DistributedOptimizer, unwrap
 from hvdkeras.wrap.state import STATE, warn_once
 
 log = logging.getLogger("hvdkeras")

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import functools
 
-from hvdkeras import rank_zero, saving
-from hvdkeras.models import consolidate_optimizer_state
+from hvdkeras.training import rank_zero, saving
+from hvdkeras.training.models import consolidate_optimizer_state
 
 
 def write_on_rank_zero(original, model, filepath, *args, **kwargs):

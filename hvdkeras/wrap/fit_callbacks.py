@@ -9,9 +9,9 @@ from typing import Any
 import keras
 
 from hvdkeras import callbacks as hvd_callbacks
-from hvdkeras import sync_batch_norm
-from hvdkeras.models import held_optimizers
-from hvdkeras.optimizer import DistributedOptimizer
+from hvdkeras.training import sync_batch_norm
+from hvdkeras.training.models import held_optimizers
+from hvdkeras.training.optimizer import DistributedOptimizer
 from hvdkeras.wrap.state import warn_once
 
 

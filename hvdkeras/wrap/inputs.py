@@ -9,7 +9,7 @@ import numpy as np
 import tensorflow as tf
 
 from hvdkeras import _collectives as C
-from hvdkeras import data
+from hvdkeras.training import data
 from hvdkeras.wrap.report import weights_digest
 from hvdkeras.wrap.state import warn_once
 

@@ -6,7 +6,8 @@ import keras
 
 from hvdkeras import _collectives as C
 from hvdkeras import callbacks as hvd_callbacks
-from hvdkeras import collectives, data, rank_zero
+from hvdkeras import collectives
+from hvdkeras.training import data, rank_zero
 from hvdkeras.wrap.compile import distribute_held_optimizers
 from hvdkeras.wrap.fit_callbacks import MovingStatistics, Warmup, rank_zero_callbacks, shards_state
 from hvdkeras.wrap.inputs import (

@@ -10,9 +10,9 @@ import keras
 import numpy as np
 
 from hvdkeras import _collectives as C
-from hvdkeras import saving
-from hvdkeras.models import held_optimizers, sharded_optimizers
-from hvdkeras.optimizer import DistributedOptimizer
+from hvdkeras.training import saving
+from hvdkeras.training.models import held_optimizers, sharded_optimizers
+from hvdkeras.training.optimizer import DistributedOptimizer
 from hvdkeras.wrap.state import STATE
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 import warnings
 
-from hvdkeras import rank_zero
+from hvdkeras.training import rank_zero
 from hvdkeras.wrap.options import Options
 
 

@@ -24,6 +24,10 @@ SINGLE_WORKER_STEPS = math.ceil(TRAIN_ROWS / BATCH)  # 45: one worker, one epoch
 # of 32 split over the workers: one worker's steps), the script that calls hvdkeras.init() shards the data
 # itself (each worker takes whole batches: half the steps).
 WORKER_STEPS = {"plain": SINGLE_WORKER_STEPS, "init": SINGLE_WORKER_STEPS / 2}
+# Where each worker names its own model folder, which rank 0 never makes, rank 1 waits HVDKERAS_WRITE_WAIT for it
+# first (hvdkeras.training.script_writes): 5 s here; the default, 60, is for a folder rank 0 makes too.
+PER_RANK_DIR_WAIT = 5
+PER_RANK_DIR_ENV = {"HVDKERAS_WRITE_WAIT": str(PER_RANK_DIR_WAIT)}
 EXPECTED_FILES = {"plain": ["ckpt-01.keras", "digits.keras"], "init": ["ckpt-01.keras"]}
 
 # How each launcher marks a line with the rank that printed it.
@@ -42,7 +46,8 @@ def worker_command(kind: str, out: Path, rank_var: str, python: str = sys.execut
                 str(REPO / "examples" / "plain_keras_digits.py"), "--epochs", str(epochs)]
     else:
         argv = [python, str(WORKERS / "init_script.py"), "--report-dir", str(out / "report"), "--epochs", str(epochs)]
-    return ["sh", "-c", f'exec {shlex.join(argv)} --out-dir "{out / "model"}/${{{rank_var}}}"']
+    return ["sh", "-c", f'HVDKERAS_WRITE_WAIT={PER_RANK_DIR_WAIT} exec {shlex.join(argv)} '
+                        f'--out-dir "{out / "model"}/${{{rank_var}}}"']
 
 
 def lines_by_rank(output: str, launcher: str) -> dict[int, list[str]]:

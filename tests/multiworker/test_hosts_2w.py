@@ -13,7 +13,7 @@ import threading
 import time
 
 import pytest
-from jobcheck import SCRIPTS, check_two_workers, lines_by_rank, run_args, worker_command
+from jobcheck import PER_RANK_DIR_ENV, SCRIPTS, check_two_workers, lines_by_rank, run_args, worker_command
 
 from netlab import POD0, LabHosts
 
@@ -39,13 +39,14 @@ def test_ssh_less_run_on_each_host_forms_one_job(hosts, tmp_path, kind):
     Horovod's own keys, and stall the rendezvous while the job forms: it is refused each time, the job forms and
     trains, and the secret appears in no command line and no output."""
     port = 29610 + SCRIPTS.index(kind)
-    extra, env, started, secret = (), {}, [], None
+    extra, env, started, secret = (), dict(PER_RANK_DIR_ENV), [], None
     if kind == "plain":
         secret = os.urandom(32).hex()
         secret_file = tmp_path / "secret"
         secret_file.write_text(secret)
         secret_file.chmod(0o600)
-        extra, env = ("--job-id", "lab-job"), {"HVDKERAS_SECRET_FILE": str(secret_file)}
+        extra = ("--job-id", "lab-job")
+        env["HVDKERAS_SECRET_FILE"] = str(secret_file)
         started = [(hosts.ns("hostb", sys.executable, str(WORKERS / "intruder.py"), hosts.addr["hosta"],
                              str(port), "lab-job", str(tmp_path / "intruder.json"), "25"), {})]
     commands = [(node_command(hosts, n, run_args(kind, tmp_path, tmp_path / "model" / str(n)), port, *extra), env)
@@ -154,7 +155,7 @@ STALL = 15
 
 def test_cut_link_ends_both_workers_naming_the_lost_peer(hosts, tmp_path):
     commands = [(node_command(hosts, n, run_args("init", tmp_path, tmp_path / "model" / str(n), epochs=200), 29620,
-                              "--stall-timeout", str(STALL)), {}) for n in (0, 1)]
+                              "--stall-timeout", str(STALL)), PER_RANK_DIR_ENV) for n in (0, 1)]
     running = Started(commands, tmp_path)
     try:
         deadline = time.monotonic() + 180
@@ -203,7 +204,7 @@ def pod_commands(out):
         argv = [str(REPO / a) if a.endswith(".py") else a for a in argv]
         argv[argv.index("--epochs") + 1] = "1"
         argv[argv.index("--out-dir") + 1] = str(out / "model" / str(index))
-        pods.append((argv, {**env, "HVDKERAS_REPORT_DIR": str(out / "report")}))
+        pods.append((argv, {**env, "HVDKERAS_REPORT_DIR": str(out / "report"), **PER_RANK_DIR_ENV}))
     assert all(int(env["WORLD_SIZE"]) == len(pods) for _, env in pods)
     return pods
 

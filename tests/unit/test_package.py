@@ -148,3 +148,20 @@ def test_no_module_uses_another_modules_private_names():
                 where = f"{path.relative_to(root.parent)}:{node.lineno}"
                 breaches.append(f"{where} uses {aliases[node.value.id]}.{node.attr}")
     assert not breaches, "\n".join(breaches)
+
+
+def test_data_and_elastic_keep_their_public_names():
+    """The training modules live in hvdkeras.training; hvdkeras.data and hvdkeras.elastic, Horovod's `hvd.data` and
+    `hvd.elastic`, are the same modules under their public names."""
+    import importlib
+
+    import hvdkeras
+    import hvdkeras.data
+    import hvdkeras.elastic
+    from hvdkeras.data import shard
+
+    for name in ("data", "elastic"):
+        module = importlib.import_module(f"hvdkeras.training.{name}")
+        assert importlib.import_module(f"hvdkeras.{name}") is module
+        assert getattr(hvdkeras, name) is module
+    assert shard is importlib.import_module("hvdkeras.training.data").shard

@@ -40,9 +40,9 @@ IMPORT_CHECK = textwrap.dedent(
     before = snapshot()
     import hvdkeras
     for sub in ("callbacks", "cli", "cli.parse", "cli.command", "cli.check", "cli.supervise", "collectives", "data",
-                "elastic", "job.launchers", "job.lifecycle", "job.rendezvous", "job.threads", "models", "optimizer",
-                "patches", "rank_zero", "reduce", "reduce.reduce_scatter", "saving", "settings", "sync_batch_norm",
-                "wrap", "__main__"):
+                "elastic", "job.launchers", "job.lifecycle", "job.rendezvous", "job.threads", "training.models",
+                "training.optimizer", "patches", "training.rank_zero", "reduce", "reduce.reduce_scatter",
+                "training.saving", "settings", "training.sync_batch_norm", "wrap", "__main__"):
         importlib.import_module("hvdkeras." + sub)
     after = snapshot()
     changed = sorted(str(k) for k in set(before) | set(after) if before.get(k) != after.get(k))

@@ -10,7 +10,7 @@ import tensorflow as tf
 
 import hvdkeras
 from hvdkeras import wrap
-from hvdkeras.optimizer import DistributedOptimizer
+from hvdkeras.training.optimizer import DistributedOptimizer
 from hvdkeras.wrap import fit_callbacks, methods, state
 
 
@@ -164,7 +164,7 @@ def test_fit_distributes_the_optimizers_a_model_holds(per_worker, monkeypatch, f
     assert isinstance(m.a_optimizer, DistributedOptimizer) and isinstance(m.b_optimizer, DistributedOptimizer)
     assert float(m.a_optimizer.learning_rate) == pytest.approx(0.002)
     assert float(m.b_optimizer.learning_rate) == pytest.approx(0.02)
-    assert list(hvdkeras.models.held_optimizers(m)) == ["optimizer", "a_optimizer", "b_optimizer"]
+    assert list(hvdkeras.training.models.held_optimizers(m)) == ["optimizer", "a_optimizer", "b_optimizer"]
 
 
 def test_predict_prints_progress_on_rank_zero_only(installed, monkeypatch, fake_seam):

@@ -7,6 +7,7 @@ import numpy as np
 from common import max_abs_diff, seed_everything, weights_digest, write_result
 
 import hvdkeras as hvd
+from hvdkeras.training import rank_zero
 import keras
 
 hvd.init()
@@ -52,7 +53,7 @@ if RANK == 0:
     perturbed = model_with_seed(7)
     perturbed.save_weights(ckpt)
     model.load_weights(ckpt)
-hvd.rank_zero.barrier()
+rank_zero.barrier()
 x2, y2 = global_data(3, seed=12)
 rows2 = my_rows(len(x2))
 model.fit(x2[rows2], y2[rows2], batch_size=B, shuffle=False, verbose=0,

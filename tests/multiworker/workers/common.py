@@ -33,7 +33,7 @@ def out_dir() -> str:
 
 
 def write_result(rank: int, result: dict) -> None:
-    from hvdkeras.saving import write_json_atomically
+    from hvdkeras.training.saving import write_json_atomically
 
     write_json_atomically(os.path.join(out_dir(), f"rank{rank}.json"), result)
 

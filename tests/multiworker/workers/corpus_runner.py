@@ -79,7 +79,7 @@ def run(name: str, out: Path, rank: int) -> dict:
     os.chdir(folder)
     sys.argv = [str(CORPUS / f"{name}.py")]
     _watch.update(dir=str(folder.resolve()), writes=[])
-    loops = sys.modules.get("hvdkeras.loops")
+    loops = sys.modules.get("hvdkeras.training.loops")
     if loops is not None:  # a script that called hvdkeras.init() itself marks only its own process explicit
         loops._state["explicit"] = False
     start = time.monotonic()

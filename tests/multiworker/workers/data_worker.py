@@ -50,7 +50,7 @@ if RANK == 0:
             for j in range(10 + i):  # uneven files: 10..14 records
                 w.write(str(i * 100 + j).encode())
         os.replace(path + ".tmp", path)
-from hvdkeras import rank_zero  # noqa: E402
+from hvdkeras.training import rank_zero  # noqa: E402
 
 rank_zero.barrier()
 records = tf.data.Dataset.list_files(os.path.join(OUT, "part-*.tfrecord"), shuffle=False).interleave(

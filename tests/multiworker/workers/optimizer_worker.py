@@ -10,7 +10,7 @@ import numpy as np
 from common import count_collectives, max_abs_diff, max_rel_diff, seed_everything, weights_digest, write_result
 
 import hvdkeras as hvd  # noqa: E402
-from hvdkeras import xla  # noqa: E402
+from hvdkeras.training import xla  # noqa: E402
 from hvdkeras.reduce.groups import gradient_buckets  # noqa: E402
 from hvdkeras.reduce.options import default_bucket_bytes  # noqa: E402
 import keras  # noqa: E402

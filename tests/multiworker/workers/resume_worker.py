@@ -10,6 +10,7 @@ import numpy as np
 from common import max_abs_diff, seed_everything, write_result
 
 import hvdkeras as hvd
+from hvdkeras.training import rank_zero
 import keras
 
 hvd.init()
@@ -37,7 +38,7 @@ part.fit(xs, ys, batch_size=8, epochs=2, shuffle=False, verbose=0, callbacks=cal
 path = os.path.join(OUT, "epoch2.keras")
 if RANK == 0:
     part.save(path)
-hvd.rank_zero.barrier()
+rank_zero.barrier()
 resumed = hvd.load_model(path)
 resumed.fit(xs, ys, batch_size=8, epochs=4, initial_epoch=2, shuffle=False, verbose=0, callbacks=callbacks)
 write_result(RANK, {

@@ -16,7 +16,7 @@ import numpy as np
 from common import max_abs_diff, out_dir, seed_everything, weights_digest, write_result
 
 import hvdkeras as hvd  # noqa: E402
-from hvdkeras import xla  # noqa: E402
+from hvdkeras.training import xla  # noqa: E402
 import keras  # noqa: E402
 import tensorflow as tf  # noqa: E402
 from hvdkeras import _collectives as C  # noqa: E402
@@ -196,7 +196,7 @@ result["resumed_max_abs_diff"] = max_abs_diff(whole, resumed)
 
 # A rank-0-only save without consolidate_state is refused, clearly, instead of waiting for the others.
 if RANK == 0:
-    from hvdkeras import rank_zero
+    from hvdkeras.training import rank_zero
 
     try:
         with rank_zero.solo():

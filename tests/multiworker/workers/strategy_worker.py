@@ -12,7 +12,7 @@ import tensorflow as tf
 from common import max_abs_diff, seed_everything, weights_digest, write_result
 
 import hvdkeras as hvd
-from hvdkeras.learning_rate import as_float
+from hvdkeras.training.learning_rate import as_float
 import keras
 
 if not hvd.is_initialized():

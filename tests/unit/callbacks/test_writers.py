@@ -6,7 +6,7 @@ import keras
 import numpy as np
 import pytest
 
-from hvdkeras import rank_zero as rank_zero_module
+from hvdkeras.training import rank_zero as rank_zero_module
 
 
 def test_checkpoint_callback_writes_through_a_temporary_name(hvd, tmp_path, monkeypatch):

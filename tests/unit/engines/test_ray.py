@@ -15,7 +15,7 @@ pytest.importorskip("ray", reason="the ray extra is not installed (make install 
 import ray.train  # noqa: E402
 
 import hvdkeras.ray  # noqa: E402
-from hvdkeras import rank_zero  # noqa: E402
+from hvdkeras.training import rank_zero  # noqa: E402
 
 X = np.random.default_rng(0).normal(size=(32, 4)).astype("float32")
 Y = X @ np.arange(1, 5, dtype="float32").reshape(4, 1)

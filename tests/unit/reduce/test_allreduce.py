@@ -7,7 +7,7 @@ import pytest
 import tensorflow as tf
 
 from hvdkeras import _collectives as C
-from hvdkeras.optimizer import DistributedOptimizer
+from hvdkeras.training.optimizer import DistributedOptimizer
 
 from ..helpers import small_model
 

@@ -10,10 +10,10 @@ import tensorflow as tf
 
 from hvdkeras import Compression
 from hvdkeras import _collectives as C
-from hvdkeras.optimizer import DistributedOptimizer
 from hvdkeras.reduce import DiLoCoReducer, LocalSGDReducer, PowerSGDReducer, ReductionOptions
 from hvdkeras.reduce.powersgd import compresses, matrix_shape
-from hvdkeras.tape import DistributedGradientTape
+from hvdkeras.training.optimizer import DistributedOptimizer
+from hvdkeras.training.tape import DistributedGradientTape
 
 
 def dense_stack(widths=(6, 8, 5)):
@@ -324,7 +324,7 @@ def test_each_worker_loads_its_own_slots_after_keras_loads_the_inner_optimizers(
         assert replaced == 4  # the momentum of two kernels and two biases
         fake_seam.set(size=2, rank=1)
         model.load_weights(path)
-        from hvdkeras.optimizer import unwrap
+        from hvdkeras.training.optimizer import unwrap
 
         momenta = [v for v in unwrap(model.optimizer).variables if "momentum" in v.name]
         assert momenta and all(np.all(v.numpy() == 7.0) for v in momenta), [v.numpy() for v in momenta]

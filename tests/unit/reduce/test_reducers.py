@@ -7,11 +7,11 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from hvdkeras.optimizer import DistributedOptimizer
 from hvdkeras.reduce import AllreduceReducer, Reduced, Reducer, ReduceScatterReducer, make_reducer
 from hvdkeras.reduce.allreduce import reduce_gradients
 from hvdkeras.reduce.options import ReductionOptions
-from hvdkeras.tape import DistributedGradientTape
+from hvdkeras.training.optimizer import DistributedOptimizer
+from hvdkeras.training.tape import DistributedGradientTape
 
 from ..helpers import small_model
 

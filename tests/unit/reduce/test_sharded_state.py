@@ -10,10 +10,10 @@ import pytest
 import tensorflow as tf
 
 from hvdkeras import _collectives as C
-from hvdkeras.optimizer import DistributedOptimizer, PartialDistributedOptimizer
 from hvdkeras.reduce import sharded_state as sharding
 from hvdkeras.reduce.options import ReductionOptions
 from hvdkeras.reduce.shard import Shard
+from hvdkeras.training.optimizer import DistributedOptimizer, PartialDistributedOptimizer
 
 
 def stack(widths=(4, 8, 16, 2), seed=0):

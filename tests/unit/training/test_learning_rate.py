@@ -1,11 +1,11 @@
-"""hvdkeras.learning_rate: scale_learning_rate and its checks."""
+"""hvdkeras.training.learning_rate: scale_learning_rate and its checks."""
 
 import math
 
 import keras
 import pytest
 
-from hvdkeras.learning_rate import ScaledLearningRateSchedule, scale_learning_rate
+from hvdkeras.training.learning_rate import ScaledLearningRateSchedule, scale_learning_rate
 
 
 @pytest.mark.parametrize("rule, expected", [("linear", 0.04), ("sqrt", 0.01 * math.sqrt(4)), ("none", 0.01)])

@@ -45,7 +45,7 @@ from tensorflow.python.distribute import distribute_lib
 from tensorflow.python.util import tf_decorator
 
 from hvdkeras import _collectives as C
-from hvdkeras import data, rank_zero, script_writes
+from hvdkeras.training import data, rank_zero, script_writes
 
 # Frames between the script and a strategy method: autograph's calls from a converted tf.function, and
 # TensorFlow's decorators (a deprecated name's wrapper).

@@ -7,9 +7,9 @@ import pytest
 import tensorflow as tf
 
 from hvdkeras import _collectives as C
-from hvdkeras.optimizer import DistributedLossScaleOptimizer, DistributedOptimizer
+from hvdkeras.training.optimizer import DistributedLossScaleOptimizer, DistributedOptimizer
 
-from .helpers import small_model
+from ..helpers import small_model
 
 
 @pytest.mark.parametrize(

@@ -9,7 +9,8 @@ import pytest
 import tensorflow as tf
 
 from hvdkeras import _collectives as C
-from hvdkeras import collectives, loops
+from hvdkeras import collectives
+from hvdkeras.training import loops
 
 
 @pytest.fixture

@@ -8,9 +8,10 @@ from typing import Any
 
 import keras
 
-from hvdkeras import settings, xla
-from hvdkeras.optimizer import DistributedOptimizer
+from hvdkeras import settings
 from hvdkeras.reduce.periodic import PeriodicReducer
+from hvdkeras.training import xla
+from hvdkeras.training.optimizer import DistributedOptimizer
 
 log = logging.getLogger("hvdkeras")
 
@@ -81,7 +82,7 @@ def prepare_xla(model: Any, keep: bool | None = None) -> str:
     it in `set_model`, the wrap in `compile`). Horovod's collectives cannot be compiled by XLA.
 
     With `keep` and a model that trains with Keras's own train step, XLA stays on for the forward and
-    backward pass, and the gradients are reduced outside (hvdkeras.xla). Otherwise XLA is turned off for
+    backward pass, and the gradients are reduced outside (hvdkeras.training.xla). Otherwise XLA is turned off for
     the model, with a warning (once) that says why. `keep` None (as the wrap and the callbacks call it): the
     xla setting in force (`xla_setting()`) is "keep".
 

@@ -17,7 +17,8 @@ from typing import Any
 
 import tensorflow as tf
 
-from hvdkeras import patches, rank_zero
+from hvdkeras import patches
+from hvdkeras.training import rank_zero
 
 log = logging.getLogger("hvdkeras")
 PATCH = "tf_distribute"

@@ -1,8 +1,8 @@
-"""hvdkeras.rank_zero: rank 0 does the work, the others wait for it, and a failure on rank 0 releases them."""
+"""hvdkeras.training.rank_zero: rank 0 does the work, the others wait for it, and a failure on rank 0 releases them."""
 
 import pytest
 
-from hvdkeras import rank_zero
+from hvdkeras.training import rank_zero
 
 
 def test_on_rank_zero_releases_the_others_before_raising(monkeypatch):

@@ -21,7 +21,8 @@ from typing import Any
 
 import keras
 
-from hvdkeras import patches, rank_zero
+from hvdkeras import patches
+from hvdkeras.training import rank_zero
 
 PATCH = "keras_output"
 # Modules whose warnings are Keras's own (the module of the code that called warnings.warn).

@@ -1,4 +1,4 @@
-"""hvdkeras.xla and models.prepare_xla: XLA kept for the forward and backward pass, the gradients reduced and
+"""hvdkeras.training.xla and models.prepare_xla: XLA kept for the forward and backward pass, the gradients reduced and
 applied outside, in one process (the 2-worker equivalence is in tests/multiworker/test_optimizer_2w.py)."""
 
 import logging
@@ -8,10 +8,11 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from hvdkeras import models, wrap, xla
+from hvdkeras import wrap
 from hvdkeras.callbacks import BroadcastGlobalVariablesCallback
-from hvdkeras.optimizer import DistributedOptimizer
-from hvdkeras.sync_batch_norm import SyncBatchNormalization
+from hvdkeras.training import models, xla
+from hvdkeras.training.optimizer import DistributedOptimizer
+from hvdkeras.training.sync_batch_norm import SyncBatchNormalization
 
 
 def mlp():

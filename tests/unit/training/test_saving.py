@@ -1,13 +1,13 @@
-"""hvdkeras.saving: atomic writes, and models saved from a job that load in plain Keras and in hvdkeras."""
+"""hvdkeras.training.saving: atomic writes, and models saved from a job that load in plain Keras and in hvdkeras."""
 
 import keras
 import numpy as np
 import pytest
 
-from hvdkeras import saving
-from hvdkeras.optimizer import DistributedOptimizer
+from hvdkeras.training import saving
+from hvdkeras.training.optimizer import DistributedOptimizer
 
-from .helpers import small_model
+from ..helpers import small_model
 
 
 def test_atomic_path_never_leaves_a_partial_file(tmp_path):

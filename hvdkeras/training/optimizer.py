@@ -20,14 +20,15 @@ from keras.optimizers import LossScaleOptimizer
 
 from hvdkeras import _collectives as C
 from hvdkeras import compression as _compression
-from hvdkeras import patches, rank_zero
+from hvdkeras import patches
 from hvdkeras._checks import check_number
-from hvdkeras.learning_rate import as_float
 from hvdkeras.reduce import BUILT_IN, Reducer, make_reducer
 from hvdkeras.reduce.allreduce import reduce_gradients
 from hvdkeras.reduce.context import in_xla_context, reducing
 from hvdkeras.reduce.options import OPS_BY_NAME, ReductionOptions
-from hvdkeras.strategy import check_strategy
+from hvdkeras.training import rank_zero
+from hvdkeras.training.learning_rate import as_float
+from hvdkeras.training.strategy import check_strategy
 from hvdkeras.variables import VariableList, var_id
 
 log = logging.getLogger("hvdkeras")
@@ -279,7 +280,7 @@ class DistributedOptimizer(keras.optimizers.Optimizer, metaclass=_Factory):
             reducer.bind(options, self._local_set)
         self._gathered_workers = None  # every worker's own reducer state, gathered by consolidate_state
         self._loaded_workers = None  # every worker's own reducer state rank 0 alone loaded, until shared
-        # Set by hvdkeras.xla for a model that keeps XLA: the inner optimizer's update, after the reduction, is
+        # Set by hvdkeras.training.xla for a model that keeps XLA: the inner optimizer's update, after the reduction, is
         # compiled with XLA as Keras's own compiled step compiles it (where the reducer's optimizer_state is
         # `compilable`: a sharded update holds collectives, the all-reduced norm or finiteness check).
         self.xla_update = False

@@ -51,10 +51,11 @@ from keras.src.optimizers.base_optimizer import BaseOptimizer
 from tensorflow.python.eager.polymorphic_function.polymorphic_function import UnliftedInitializerVariable
 
 from hvdkeras import _collectives as C
-from hvdkeras import collectives, data, metric_states, patches, rank_zero, script_writes, strategy_loops
+from hvdkeras import collectives, patches
 from hvdkeras.reduce import AllreduceReducer, PeriodicReducer, Reducer, from_spec
 from hvdkeras.reduce.context import in_xla_context, inside_reduction, is_reduced, mark_reduced, reducing
 from hvdkeras.reduce.options import ReductionOptions
+from hvdkeras.training import data, metric_states, rank_zero, script_writes, strategy_loops
 from hvdkeras.variables import NamesByIdentity, tf_variable, var_id
 
 log = logging.getLogger("hvdkeras")

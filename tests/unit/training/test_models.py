@@ -1,10 +1,10 @@
-"""hvdkeras.models: the optimizers a model holds (readying a model for XLA: tests/unit/test_xla.py)."""
+"""hvdkeras.training.models: the optimizers a model holds (readying a model for XLA: tests/unit/test_xla.py)."""
 
 import keras
 
-from hvdkeras import models
+from hvdkeras.training import models
 
-from .helpers import small_model
+from ..helpers import small_model
 
 
 def test_held_optimizers_lists_compiles_first_then_the_others_by_name(hvd):

@@ -7,7 +7,7 @@ import warnings
 import keras
 import pytest
 
-from hvdkeras import keras_output
+from hvdkeras.training import keras_output
 
 
 @pytest.fixture

@@ -8,7 +8,7 @@ import pytest
 import tensorflow as tf
 
 from hvdkeras import _collectives as C
-from hvdkeras import loops, strategy_loops
+from hvdkeras.training import loops, strategy_loops
 
 
 @pytest.fixture

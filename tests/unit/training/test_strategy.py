@@ -10,7 +10,7 @@ import pytest
 import tensorflow as tf
 
 import hvdkeras
-from hvdkeras import strategy
+from hvdkeras.training import strategy
 
 
 class FakeStrategy:
@@ -67,7 +67,7 @@ def test_multi_worker_mirrored_strategy_is_stood_in_for_with_one_warning(hvd, ca
 
 
 def test_learning_rates_of_a_strategy_scope_are_read_scaled_and_set(hvd, monkeypatch, fake_seam):
-    from hvdkeras.learning_rate import as_float, check_learning_rate
+    from hvdkeras.training.learning_rate import as_float, check_learning_rate
 
     fake_seam.set(size=2)
     with tf.distribute.MirroredStrategy().scope():
@@ -88,7 +88,7 @@ def test_learning_rates_of_a_strategy_scope_are_read_scaled_and_set(hvd, monkeyp
 
 @pytest.mark.parametrize("bad", ["0.1", [0.1, 0.2], True, None])
 def test_as_float_refuses_what_is_not_one_number(bad):
-    from hvdkeras.learning_rate import as_float
+    from hvdkeras.training.learning_rate import as_float
 
     with pytest.raises(TypeError, match="Received"):
         as_float(bad)

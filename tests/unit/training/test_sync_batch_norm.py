@@ -1,5 +1,5 @@
-"""hvdkeras.sync_batch_norm: the moments of the global batch, Keras's own layer synchronized by the patch, and the
-moving statistics' average, against the faked seam (a second worker whose batch is known)."""
+"""hvdkeras.training.sync_batch_norm: the moments of the global batch, Keras's own layer synchronized by the patch,
+and the moving statistics' average, against the faked seam (a second worker whose batch is known)."""
 
 import keras
 import numpy as np
@@ -7,7 +7,8 @@ import pytest
 import tensorflow as tf
 
 from hvdkeras import _collectives as C
-from hvdkeras import patches, sync_batch_norm
+from hvdkeras import patches
+from hvdkeras.training import sync_batch_norm
 
 RNG = np.random.default_rng(0)
 OURS = RNG.normal(size=(6, 3)).astype("float32")

@@ -1,6 +1,6 @@
 """Files: atomic writes (a crash never leaves a truncated checkpoint under the final name) and load_model.
 
-Who writes is decided in `hvdkeras.rank_zero`; this module is how a file is written and read back.
+Who writes is decided in `hvdkeras.training.rank_zero`; this module is how a file is written and read back.
 """
 
 from __future__ import annotations
@@ -118,7 +118,7 @@ def load_model(
     Example:
         >>> model = hvdkeras.load_model("ckpt.keras")
     """
-    from hvdkeras.optimizer import DistributedLossScaleOptimizer, DistributedOptimizer
+    from hvdkeras.training.optimizer import DistributedLossScaleOptimizer, DistributedOptimizer
 
     if legacy_opts:
         raise ValueError("Keras 3 has no legacy optimizers (tf.keras.optimizers.legacy): load_model takes "

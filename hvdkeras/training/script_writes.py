@@ -38,12 +38,12 @@ from tensorflow.python.checkpoint import checkpoint_management
 
 from hvdkeras import _collectives as C
 from hvdkeras import patches
+from hvdkeras.settings import DEFAULT_WRITE_WAIT
 
 PATCH = "script_writes"
-DEFAULT_WAIT_SECONDS = 60.0
 # pending: on ranks other than 0, the checkpoints rank 0 is writing: path -> whether the folder's state file will
 # name it (a save or a manager's save; a plain write has no state).
-_state: dict[str, Any] = {"job_start": None, "pending": {}, "wait": DEFAULT_WAIT_SECONDS}
+_state: dict[str, Any] = {"job_start": None, "pending": {}, "wait": DEFAULT_WRITE_WAIT}
 _LIBRARY_DIRS = tuple(
     os.path.realpath(p) + os.sep for p in {sysconfig.get_paths()[k] for k in ("stdlib", "platstdlib", "purelib",
                                                                              "platlib")})
@@ -52,13 +52,14 @@ _PACKAGE_DIR = os.path.dirname(os.path.realpath(__file__)) + os.sep
 _OS_FILES = frozenset({os.path.realpath(os.__file__), "<frozen os>"})
 
 
-def install(job_start: float, wait_seconds: float = DEFAULT_WAIT_SECONDS) -> bool:
+def install(job_start: float, wait_seconds: float = DEFAULT_WRITE_WAIT) -> bool:
     """Installs the rule of the module's docstring.
 
     Args:
         job_start: when the job started (seconds since the epoch, the earliest rank's start): a folder made
             since then was made by this job.
-        wait_seconds: how long a rank other than 0 waits for rank 0's folder or checkpoint.
+        wait_seconds: how long a rank other than 0 waits for rank 0's folder or checkpoint (HVDKERAS_WRITE_WAIT,
+            read by `python -m hvdkeras`).
     """
     _state.update(job_start=job_start, wait=wait_seconds)
     changes = [(os, "mkdir", _mkdir(os.mkdir)),
