@@ -176,7 +176,7 @@ class BroadcastGlobalVariablesCallback(HvdCallback):
 
     def _checking(self) -> bool:
         if self.check_models is None:
-            return settings.read().check_models
+            return settings.current().check_models
         return bool(self.check_models)
 
     def on_train_begin(self, logs=None):

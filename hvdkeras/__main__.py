@@ -35,12 +35,13 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     try:
         given = {name: getattr(ns, name) for name in WRAP_FLAGS if getattr(ns, name) is not None}
-        options = wrap.Options(**{**wrap.options_from_env(), **given})
+        options = wrap.Options(**{**wrap.options_from_env(os.environ), **given})
     except (TypeError, ValueError) as err:
         print(f"python -m hvdkeras: error: {err}", file=sys.stderr)
         return 2
 
-    environ = settings.read()  # the settings this worker runs with, read once here
+    environ = settings.read()  # the settings this worker runs with, read once here and used below it
+    settings.use(environ)
 
     def run() -> None:
         hvdkeras.init()

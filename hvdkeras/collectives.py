@@ -260,7 +260,7 @@ def broadcast_variables(variables: Iterable[Any], root_rank: int = 0, process_se
     _check_root_rank(root_rank)
     variables = list(variables)
     if check is None:
-        check = settings.read().check_models
+        check = settings.current().check_models
     if check and tf.executing_eagerly() and process_set is C.global_process_set:
         check_same_variables(variables)
     C.broadcast_variables([tf_variable(v) for v in variables], root_rank, process_set=process_set, name=name)

@@ -381,6 +381,30 @@ def read(environ: Mapping[str, str] | None = None, error: type[Exception] = Valu
     return Settings(**given(os.environ if environ is None else environ, error))
 
 
+_current: Settings | None = None
+
+
+def current() -> Settings:
+    """The settings this process runs with, read once: those the edge that started the process gave `use`
+    (python -m hvdkeras), else os.environ as read at the first call. The modules below the edge ask here, so
+    a variable is read once per process, and one bad value fails where the process starts using it.
+
+    Raises:
+        ValueError: a variable does not parse, naming it and its value (and nothing is kept).
+    """
+    global _current
+    if _current is None:
+        _current = read()
+    return _current
+
+
+def use(given: Settings | None) -> None:
+    """Makes `given` the settings of this process (`current()`); None forgets them, so the next `current()`
+    reads os.environ again (a test that changes a variable, as a new process would see it)."""
+    global _current
+    _current = given
+
+
 def table_markdown() -> str:
     """The table of variables as Markdown (docs/settings.md holds it; a test keeps the two equal)."""
     rows = ["| Variable | Default | Value | What it does |", "|---|---|---|---|"]

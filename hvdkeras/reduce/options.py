@@ -15,10 +15,11 @@ from hvdkeras.variables import var_id
 OP_NAMES = dict(C.REDUCE_OPS)
 OPS_BY_NAME = {name: op for op, name in OP_NAMES.items()}
 
-def default_bucket_bytes(environ: Any = None) -> int:
-    """The bucket size when none is passed: $HVDKERAS_BUCKET_BYTES, else settings.DEFAULT_BUCKET_BYTES (chosen
-    by measurement on two hosts over a shaped link: benchmarks/network_benchmark.py, docs/network.md)."""
-    return settings.read(environ).bucket_bytes
+def default_bucket_bytes() -> int:
+    """The bucket size when none is passed: $HVDKERAS_BUCKET_BYTES (as this process read it, settings.current),
+    else settings.DEFAULT_BUCKET_BYTES (chosen by measurement on two hosts over a shaped link:
+    benchmarks/network_benchmark.py, docs/network.md)."""
+    return settings.current().bucket_bytes
 
 
 def _check_groups(groups: Any) -> Any:

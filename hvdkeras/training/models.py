@@ -74,7 +74,7 @@ def use_xla_setting(value: str | None) -> None:
 
 def xla_setting() -> str:
     """The xla setting in force: "keep" or "off" (see `use_xla_setting`)."""
-    return _xla_setting if _xla_setting is not None else settings.read().xla
+    return _xla_setting if _xla_setting is not None else settings.current().xla
 
 
 def prepare_xla(model: Any, keep: bool | None = None) -> str:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-import os
+from typing import Mapping
 
 from hvdkeras import settings
 
@@ -40,7 +40,8 @@ Raises:
 """
 
 
-def options_from_env(environ: dict | None = None) -> dict:
-    """The training options given as HVDKERAS_* environment variables, for launchers that cannot pass flags."""
-    given = settings.given(os.environ if environ is None else environ)
+def options_from_env(environ: Mapping[str, str]) -> dict:
+    """The training options given as HVDKERAS_* variables of `environ` (python -m hvdkeras passes its process's
+    environment), for launchers that cannot pass flags."""
+    given = settings.given(environ)
     return {field.name: given[field.name] for field in settings.training_settings() if field.name in given}

@@ -65,3 +65,14 @@ class FakeSeam:
 def fake_seam(monkeypatch) -> FakeSeam:
     """A FakeSeam for this test: nothing is faked until the test says what (`set`, `second_worker`, ...)."""
     return FakeSeam(monkeypatch)
+
+
+@pytest.fixture(autouse=True)
+def settings_read_by_each_test():
+    """Each test is a process of its own for the settings: what it sets in HVDKERAS_* before using hvdkeras is
+    read once (settings.current), and nothing is left for the next test."""
+    from hvdkeras import settings
+
+    settings.use(None)
+    yield
+    settings.use(None)

@@ -4,7 +4,7 @@ import keras
 import numpy as np
 import pytest
 
-from hvdkeras import collectives
+from hvdkeras import collectives, settings
 
 
 @pytest.mark.parametrize("op", [7, "average", True])
@@ -66,8 +66,10 @@ def test_check_models_variable_is_read_as_a_boolean(hvd, monkeypatch):
     v = keras.Variable([1.0, 2.0])
     for value in ("0", "off", "1", "yes", ""):
         monkeypatch.setenv("HVDKERAS_CHECK_MODELS", value)
+        settings.use(None)  # each value as a process started with it reads it
         hvd.broadcast_variables([v], root_rank=0)
     monkeypatch.setenv("HVDKERAS_CHECK_MODELS", "maybe")
+    settings.use(None)
     with pytest.raises(ValueError, match="HVDKERAS_CHECK_MODELS must be one of .*Received: "
                                          "HVDKERAS_CHECK_MODELS='maybe'"):
         hvd.broadcast_variables([v], root_rank=0)

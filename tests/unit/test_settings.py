@@ -133,3 +133,38 @@ def test_flags_and_wrap_options_are_derived_from_the_training_settings():
     assert wrap.Options() == wrap.Options(**{f.name: f.default for f in settings.training_settings()})
     with pytest.raises(ValueError, match="Received: batch='local'"):
         wrap.Options(batch="local")
+
+
+def test_the_process_reads_its_settings_once(monkeypatch):
+    """settings.current(): read at the first use (or given by the edge, `use`), then kept for the process."""
+    monkeypatch.setenv("HVDKERAS_BUCKET_BYTES", "128")
+    first = settings.current()
+    monkeypatch.setenv("HVDKERAS_BUCKET_BYTES", "256")
+    assert settings.current() is first and first.bucket_bytes == 128
+    given = settings.read({"HVDKERAS_BUCKET_BYTES": "512"})
+    settings.use(given)
+    assert settings.current() is given
+    settings.use(None)
+    assert settings.current().bucket_bytes == 256
+    monkeypatch.setenv("HVDKERAS_BUCKET_BYTES", "64k")
+    settings.use(None)
+    with pytest.raises(ValueError, match="Received: HVDKERAS_BUCKET_BYTES='64k'"):
+        settings.current()
+    monkeypatch.setenv("HVDKERAS_BUCKET_BYTES", "8")
+    assert settings.current().bucket_bytes == 8  # nothing was kept from the failed read
+
+
+def test_no_module_below_the_edges_reads_the_environment_itself():
+    """The variables are read by the edges (python -m hvdkeras, the hvdkeras command, the engines, forming the job
+    from the launcher's environment): everywhere else asks settings.current()."""
+    import re
+
+    edges = {"__main__.py", "settings.py"}
+    readers = []
+    for path in sorted((ROOT / "hvdkeras").rglob("*.py")) + sorted((ROOT / "callbacks").rglob("*.py")):
+        rel = path.relative_to(ROOT).as_posix()
+        if path.name in edges or rel.startswith(("hvdkeras/cli/", "hvdkeras/job/", "hvdkeras/engines/")):
+            continue
+        if re.search(r"settings\.read\(|os\.environ", path.read_text()) and "HVDKERAS_" in path.read_text():
+            readers.append(rel)
+    assert readers == [], readers

@@ -3,6 +3,7 @@
 import pytest
 
 from hvdkeras import _collectives as C
+from hvdkeras import settings
 
 
 def test_options_are_checked_once_and_frozen(hvd):
@@ -29,4 +30,7 @@ def test_the_default_bucket_size_is_read_once_from_the_setting(monkeypatch):
     monkeypatch.setenv("HVDKERAS_BUCKET_BYTES", "128")
     options = ReductionOptions()
     monkeypatch.setenv("HVDKERAS_BUCKET_BYTES", "256")
+    # The process read its settings once: a variable changed afterwards is not seen ...
+    assert options.bucket_bytes == 128 and ReductionOptions().bucket_bytes == 128
+    settings.use(None)  # ... until the settings are read again, as a new process would
     assert options.bucket_bytes == 128 and ReductionOptions().bucket_bytes == 256
