@@ -4,6 +4,9 @@ Importing hvdkeras changes nothing in Keras. The patches, by name:
 - "compile_config" (`optimizer.install_compile_config`): `keras.Model.get_compile_config` records a
   DistributedOptimizer as the optimizer it wraps, so saved models load with plain Keras. Installed by the
   first `DistributedOptimizer(...)`.
+- "loss_scale_passthrough" (`optimizer.install_loss_scale_passthrough`): `keras.optimizers.LossScaleOptimizer(opt)`
+  gives `opt` back when it is a DistributedLossScaleOptimizer (which scales its loss already), so `compile` under
+  mixed_float16 keeps it. Installed by the first DistributedLossScaleOptimizer.
 - "sync_batch_norm" (`sync_batch_norm.install`): `keras.layers.BatchNormalization._moments` synchronizes
   layers made with `synchronized=True` across the workers. Installed by `init()`.
 - "optimizer_variables_call" (`tf2.install_variables_call`): a Keras 3 optimizer's `variables` list may also be
@@ -62,11 +65,25 @@ def uninstall(name: str) -> bool:
     if saved is None:
         return False
     for owner, attribute, original in reversed(saved):
-        if original is _MISSING:
+        if original is _MISSING and attribute == "__new__":
+            setattr(owner, attribute, _inherited_new(owner))
+        elif original is _MISSING:
             delattr(owner, attribute)
         else:
             setattr(owner, attribute, original)
     return True
+
+
+def _inherited_new(owner: type) -> staticmethod:
+    """A `__new__` that makes objects as `owner`'s bases do. A class's own `__new__`, once set, cannot be taken
+    out again (Python keeps calling through it, and `object.__new__` then refuses the constructor's
+    arguments), so uninstalling one the class did not define leaves this in its place."""
+    base = next(cls for cls in owner.__mro__[1:] if "__new__" in vars(cls))
+
+    def __new__(cls, *args: Any, **kwargs: Any):
+        return object.__new__(cls) if base is object else base.__new__(cls, *args, **kwargs)
+
+    return staticmethod(__new__)
 
 
 def installed(name: str) -> bool:

@@ -66,17 +66,6 @@ def _wants_loss_scaling(optimizer: Any) -> bool:
     )
 
 
-class _Factory(type):
-    """`DistributedOptimizer(...)` is a factory: around a LossScaleOptimizer, or under the mixed_float16 policy,
-    it makes a DistributedLossScaleOptimizer (a LossScaleOptimizer too, so `compile` does not wrap it again and
-    the finiteness check sees the reduced gradients); otherwise a DistributedOptimizer."""
-
-    def __call__(cls, optimizer: Any = None, *args: Any, **kwargs: Any):
-        if cls is DistributedOptimizer and _wants_loss_scaling(optimizer):
-            cls = DistributedLossScaleOptimizer
-        return super().__call__(optimizer, *args, **kwargs)
-
-
 def _option(name: str) -> property:
     return property(lambda self: getattr(self.options, name), doc=f"`options.{name}` (read-only).")
 
@@ -113,7 +102,7 @@ def _check_reducer(reducer: Any, shard_optimizer_state: bool) -> bool:
 
 
 @keras.saving.register_keras_serializable(package="hvdkeras")
-class DistributedOptimizer(keras.optimizers.Optimizer, metaclass=_Factory):
+class DistributedOptimizer(keras.optimizers.Optimizer):
     """Wraps a Keras 3 optimizer so gradients are averaged across all workers before every update.
 
     Each worker computes gradients on its own shard of the global batch; `apply` all-reduces them (dense
@@ -123,10 +112,10 @@ class DistributedOptimizer(keras.optimizers.Optimizer, metaclass=_Factory):
     workers train like one worker on N times the batch.
 
     Mixed precision: when `optimizer` is a `LossScaleOptimizer`, or the global dtype policy is
-    `mixed_float16` (in which case the optimizer is wrapped in a `LossScaleOptimizer` here, as `compile`
-    would), the result is a `DistributedLossScaleOptimizer`: it is a `LossScaleOptimizer`, so `compile` does
-    not wrap it again, and the finiteness check runs on the reduced gradients, so all workers skip an
-    overflowing step together. Create the optimizer after setting the policy.
+    `mixed_float16`, the result is a `DistributedLossScaleOptimizer`, which holds the loss scaling: its inner
+    optimizer is the `LossScaleOptimizer` (made here around `optimizer` under the policy, as `compile` would),
+    which checks the reduced gradients, so all workers skip an overflowing step together. `compile` keeps it as
+    it is (see `install_loss_scale_passthrough`). Create the optimizer after setting the policy.
 
     Args:
         optimizer: the Keras 3 optimizer instance to wrap (SGD, Adam, AdamW, a LossScaleOptimizer, ...).
@@ -229,6 +218,13 @@ class DistributedOptimizer(keras.optimizers.Optimizer, metaclass=_Factory):
     rms_rate = _inner("rms_rate")
     warmup_steps = _inner("warmup_steps")
 
+    def __new__(cls, optimizer: Any = None, *args: Any, **kwargs: Any):
+        # Around a LossScaleOptimizer, or under the mixed_float16 policy, `DistributedOptimizer(...)` makes the
+        # subclass that holds the loss scaling (its __init__ then runs with the same arguments).
+        if cls is DistributedOptimizer and _wants_loss_scaling(optimizer):
+            cls = DistributedLossScaleOptimizer
+        return super().__new__(cls)
+
     def __init__(
         self,
         optimizer: keras.optimizers.Optimizer,
@@ -261,12 +257,7 @@ class DistributedOptimizer(keras.optimizers.Optimizer, metaclass=_Factory):
             average_aggregated_gradients=average_aggregated_gradients, process_set=process_set,
             scale_local_gradients=scale_local_gradients, bucket_bytes=bucket_bytes,
             shard_optimizer_state=shard_optimizer_state)
-        if isinstance(self, LossScaleOptimizer) and not isinstance(optimizer, LossScaleOptimizer):
-            log.info("hvdkeras: mixed_float16 policy: wrapping %s in a LossScaleOptimizer", optimizer.name)
-            optimizer = LossScaleOptimizer(optimizer)
-        # The base optimizer's constructor, named: for DistributedLossScaleOptimizer the next class in the MRO
-        # is LossScaleOptimizer, whose constructor would wrap the inner optimizer a second time.
-        keras.optimizers.Optimizer.__init__(self, learning_rate=0.0, name=name or f"distributed_{optimizer.name}")
+        super().__init__(learning_rate=0.0, name=name or f"distributed_{optimizer.name}")
         self.inner_optimizer = optimizer
         self.options = options
         install_compile_config()
@@ -498,8 +489,7 @@ class DistributedOptimizer(keras.optimizers.Optimizer, metaclass=_Factory):
             self._state.prepare(self.inner_optimizer)
             self._reducer.build(var_list)
         self.inner_optimizer = self._state.build(self.inner_optimizer, self._reducer.updated(var_list))
-        # The base optimizer's build, named, as in __init__: not LossScaleOptimizer.build for the loss-scale variant.
-        keras.optimizers.Optimizer.build(self, var_list)
+        super().build(var_list)
 
     def reshard(self, values: Any = None, root_rank: int = 0) -> None:
         """Re-shards the state over the workers there are now (after an elastic resize), taking the slots from
@@ -696,13 +686,26 @@ def install_compile_config() -> None:
 
 
 @keras.saving.register_keras_serializable(package="hvdkeras")
-class DistributedLossScaleOptimizer(DistributedOptimizer, LossScaleOptimizer):
-    """A DistributedOptimizer around a LossScaleOptimizer (built by `DistributedOptimizer(...)`).
+class DistributedLossScaleOptimizer(DistributedOptimizer):
+    """A DistributedOptimizer that holds the loss scaling: its inner optimizer is a LossScaleOptimizer (made
+    around `optimizer` when it is not one). `DistributedOptimizer(...)` makes it around a LossScaleOptimizer or
+    under the mixed_float16 policy.
 
-    It is a `LossScaleOptimizer`, so `Model.compile` under `mixed_float16` keeps it as it is, and the inner
-    LossScaleOptimizer checks the all-reduced gradients: when any worker's gradients overflow, the reduced
-    gradients are non-finite on every worker and all workers skip the step and lower the scale together.
+    The inner LossScaleOptimizer checks the reduced gradients: when any worker's gradients overflow, the
+    reduced gradients are non-finite on every worker, and all workers skip the step and lower the scale
+    together. `keras.optimizers.LossScaleOptimizer(opt)` of one gives it back (`install_loss_scale_passthrough`),
+    so `Model.compile` under mixed_float16, which wraps every optimizer that is not a LossScaleOptimizer, keeps
+    it as it is, and the loss is scaled once. The loss-scale properties are the inner LossScaleOptimizer's.
     """
+
+    def __init__(self, optimizer: keras.optimizers.Optimizer, *args: Any, **kwargs: Any):
+        _check_inner(optimizer)
+        if not isinstance(optimizer, LossScaleOptimizer):
+            # What compile would do under mixed_float16, but inside: the check must see the reduced gradients.
+            log.info("hvdkeras: mixed_float16 policy: wrapping %s in a LossScaleOptimizer", optimizer.name)
+            optimizer = LossScaleOptimizer(optimizer)
+        super().__init__(optimizer, *args, **kwargs)
+        install_loss_scale_passthrough()
 
     @property
     def dynamic_scale(self):
@@ -719,6 +722,26 @@ class DistributedLossScaleOptimizer(DistributedOptimizer, LossScaleOptimizer):
     @property
     def step_counter(self):
         return self.inner_optimizer.step_counter
+
+
+def install_loss_scale_passthrough() -> None:
+    """Makes `keras.optimizers.LossScaleOptimizer(opt)` give `opt` back when it is a DistributedLossScaleOptimizer,
+    which scales its loss already (the "loss_scale_passthrough" patch; `patches.uninstall` undoes it).
+
+    `Model.compile` under the mixed_float16 policy wraps every optimizer that is not a LossScaleOptimizer: it
+    then keeps the DistributedLossScaleOptimizer, and the loss is scaled once, with the finiteness check after
+    the reduction (as does a script's own `LossScaleOptimizer(hvd.DistributedOptimizer(...))`). Every other
+    LossScaleOptimizer is made as before. Installed by the first DistributedLossScaleOptimizer.
+    """
+    if patches.installed("loss_scale_passthrough"):
+        return
+
+    def __new__(cls, inner_optimizer: Any = None, *args: Any, **kwargs: Any):  # noqa: N807 - the class's __new__
+        if isinstance(inner_optimizer, DistributedLossScaleOptimizer):
+            return inner_optimizer  # not a LossScaleOptimizer: Python runs no __init__ on it
+        return object.__new__(cls)
+
+    patches.install("loss_scale_passthrough", [(LossScaleOptimizer, "__new__", staticmethod(__new__))])
 
 
 def unwrap(optimizer: Any, loss_scale: bool = True) -> Any:

@@ -53,8 +53,9 @@ def test_compile_under_mixed_precision_puts_loss_scaling_inside(installed):
     finally:
         keras.mixed_precision.set_global_policy("float32")
     assert isinstance(m.optimizer, DistributedOptimizer)
-    assert isinstance(m.optimizer, keras.optimizers.LossScaleOptimizer)
+    # compile kept it (no LossScaleOptimizer around it): the loss is scaled once, inside, after the reduction.
     assert isinstance(m.optimizer.inner_optimizer, keras.optimizers.LossScaleOptimizer)
+    assert not isinstance(m.optimizer.inner_optimizer.inner_optimizer, keras.optimizers.LossScaleOptimizer)
 
 
 def test_save_writes_on_rank_zero_only(installed, monkeypatch, tmp_path, fake_seam):

@@ -207,7 +207,10 @@ for prefix, jit in (("mp", False), ("xla_mp", True)):
         model.fit(xs, y[rows], batch_size=B, shuffle=False, epochs=1, verbose=0,
                   callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0)])
         result[f"{prefix}_kept"] = bool(model.jit_compile) and xla.is_split(model)
-        result[f"{prefix}_is_loss_scale"] = isinstance(model.optimizer, keras.optimizers.LossScaleOptimizer)
+        # compile kept the distributed optimizer, whose inner LossScaleOptimizer scales the loss once
+        result[f"{prefix}_is_loss_scale"] = (
+            isinstance(model.optimizer.inner_optimizer, keras.optimizers.LossScaleOptimizer)
+            and not isinstance(model.optimizer.inner_optimizer.inner_optimizer, keras.optimizers.LossScaleOptimizer))
         result[f"{prefix}_is_distributed"] = isinstance(model.optimizer, hvd.DistributedOptimizer)
         result[f"{prefix}_scale"] = float(model.optimizer.dynamic_scale.numpy())
         result[f"{prefix}_iterations"] = int(model.optimizer.iterations.numpy())

@@ -187,12 +187,54 @@ def test_mixed_float16_policy_gives_a_loss_scale_optimizer(hvd):
         opt = DistributedOptimizer(keras.optimizers.SGD(0.1))
     finally:
         keras.mixed_precision.set_global_policy("float32")
-    assert isinstance(opt, DistributedLossScaleOptimizer)
-    assert isinstance(opt, keras.optimizers.LossScaleOptimizer)
+    assert isinstance(opt, DistributedLossScaleOptimizer) and isinstance(opt, DistributedOptimizer)
+    # The loss scaling is held, not inherited: the inner optimizer is the LossScaleOptimizer.
     assert isinstance(opt.inner_optimizer, keras.optimizers.LossScaleOptimizer)
+    assert not isinstance(opt, keras.optimizers.LossScaleOptimizer)
+    assert float(opt.inner_optimizer.inner_optimizer.learning_rate) == pytest.approx(0.1)
+    # compile under mixed_float16 wraps any other optimizer in a LossScaleOptimizer: this one comes back as it is.
+    assert keras.optimizers.LossScaleOptimizer(opt) is opt
+    assert type(keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD())) is keras.optimizers.LossScaleOptimizer
+    assert opt.initial_scale == opt.inner_optimizer.initial_scale == 2.0**15
     wrapped = DistributedOptimizer(keras.optimizers.LossScaleOptimizer(keras.optimizers.Adam()))
     assert isinstance(wrapped, DistributedLossScaleOptimizer)
     assert type(DistributedOptimizer(keras.optimizers.Adam())) is DistributedOptimizer
+
+
+def test_no_metaclass_no_diamond_and_no_call_that_skips_along_the_mro():
+    """DistributedOptimizer is a plain Keras optimizer class; the loss-scale variant inherits from it alone."""
+    import inspect
+
+    from hvdkeras.training import optimizer as module
+
+    assert type(DistributedOptimizer) is type(keras.optimizers.Optimizer)
+    assert DistributedLossScaleOptimizer.__bases__ == (DistributedOptimizer,)
+    assert not issubclass(DistributedLossScaleOptimizer, keras.optimizers.LossScaleOptimizer)
+    source = inspect.getsource(module)
+    for skip in ("Optimizer.__init__(self", "Optimizer.build(self", "metaclass="):
+        assert skip not in source, skip
+
+
+def test_loss_scaling_by_composition_checks_the_reduced_gradients(hvd):
+    """The held LossScaleOptimizer checks what the reduction gave: non-finite reduced gradients skip the step and
+    halve the scale, finite ones update and count (one rank's overflow on two workers: test_optimizer_2w)."""
+    keras.mixed_precision.set_global_policy("mixed_float16")
+    try:
+        model = small_model()
+        opt = DistributedOptimizer(keras.optimizers.SGD(0.1))
+    finally:
+        keras.mixed_precision.set_global_policy("float32")
+    opt.build(model.trainable_variables)
+    before = [v.numpy().copy() for v in model.trainable_variables]
+    grads = [tf.ones(v.shape) for v in model.trainable_variables]
+    grads[0] = tf.fill(model.trainable_variables[0].shape, float("inf"))
+    opt.apply(grads, model.trainable_variables)
+    assert float(opt.dynamic_scale.numpy()) == 2.0**14
+    for b, v in zip(before, model.trainable_variables):
+        np.testing.assert_array_equal(v.numpy(), b)
+    opt.apply([tf.ones(v.shape) for v in model.trainable_variables], model.trainable_variables)
+    assert float(opt.dynamic_scale.numpy()) == 2.0**14 and int(opt.step_counter.numpy()) == 1
+    assert not np.array_equal(model.trainable_variables[0].numpy(), before[0])
 
 
 def test_xla_context_gives_a_clear_error(hvd):
@@ -280,3 +322,21 @@ def test_calling_the_class_shows_horovods_parameters():
 def test_the_loss_is_scaled_by_the_inner_optimizers_loss_scale_factor():
     opt = DistributedOptimizer(keras.optimizers.SGD(0.1, loss_scale_factor=4.0))
     assert float(opt.scale_loss(tf.constant(1.5))) == 6.0
+
+
+def test_the_loss_scale_passthrough_is_a_patch_that_uninstalls(hvd):
+    from hvdkeras import patches
+
+    keras.mixed_precision.set_global_policy("mixed_float16")
+    try:
+        opt = DistributedOptimizer(keras.optimizers.SGD(0.1))
+        assert patches.installed("loss_scale_passthrough")
+        assert keras.optimizers.LossScaleOptimizer(opt) is opt
+        patches.uninstall("loss_scale_passthrough")
+        wrapped = keras.optimizers.LossScaleOptimizer(opt)  # Keras's own behaviour again: a second loss scaling
+        assert type(wrapped) is keras.optimizers.LossScaleOptimizer and wrapped.inner_optimizer is opt
+        plain = keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD(), initial_scale=8.0)
+        assert type(plain) is keras.optimizers.LossScaleOptimizer and plain.initial_scale == 8.0
+    finally:
+        keras.mixed_precision.set_global_policy("float32")
+        patches.uninstall("loss_scale_passthrough")
