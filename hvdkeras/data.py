@@ -1,4 +1,4 @@
-"""`hvdkeras.data` is hvdkeras.data (the public name, as Horovod's `hvd.data`): one module under two names."""
+"""`hvdkeras.data` is hvdkeras.training.data (the public name, as Horovod's `hvd.data`): one module under two names."""
 
 import sys
 

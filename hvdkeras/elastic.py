@@ -1,4 +1,5 @@
-"""`hvdkeras.elastic` is hvdkeras.elastic (the public name, as Horovod's `hvd.elastic`): one module under two names."""
+"""`hvdkeras.elastic` is hvdkeras.training.elastic (the public name, as Horovod's `hvd.elastic`): one module under
+two names."""
 
 import sys
 

@@ -5,6 +5,7 @@ import os
 import tempfile
 import threading
 import time
+import types
 
 import numpy as np
 import pytest
@@ -15,8 +16,9 @@ from hvdkeras.training import script_writes
 
 @pytest.fixture
 def as_rank(monkeypatch):
-    def play(rank: int, job_start: float | None = None):
-        script_writes.install(job_start=time.time() - 1 if job_start is None else job_start, wait_seconds=5)
+    def play(rank: int, job_start: float | None = None, wait_seconds: float = 5):
+        script_writes.install(job_start=time.time() - 1 if job_start is None else job_start,
+                              wait_seconds=wait_seconds)
         monkeypatch.setattr(script_writes, "_rank", lambda: rank)
 
     yield play
@@ -53,33 +55,21 @@ def test_rank1_mkdir_waits_for_rank0s_folder_and_takes_it_as_its_own(as_rank, tm
     made = _rank0_makes(target / "a", target / "a" / "b")
     os.makedirs(target / "a" / "b")  # makedirs goes through mkdir: it waits too, and raises nothing
     assert made() == [True, True]
-def test_a_folder_rank0_never_makes_is_made_after_the_wait(monkeypatch, tmp_path):
-    """A folder only rank 1's script names (one per rank): rank 1 waits `wait_seconds` for it, then makes it."""
-    script_writes.install(job_start=time.time() - 1, wait_seconds=0.5)
-    monkeypatch.setattr(script_writes, "_rank", lambda: 1)
-    try:
-        start = time.monotonic()
-        os.mkdir(tmp_path / "rank1")
-        waited = time.monotonic() - start
-    finally:
-        script_writes.uninstall()
+
+
+def test_a_folder_rank0_never_makes_is_made_after_the_wait(as_rank, monkeypatch, tmp_path):
+    """A folder only rank 1's script names (one per rank): rank 1 waits `wait_seconds` for it, then makes it.
+    The clock is the test's: each of the wait's sleeps moves it on."""
+    clock = types.SimpleNamespace(now=100.0)
+
+    def sleep(seconds):
+        clock.now += seconds
+
+    monkeypatch.setattr(script_writes, "time", types.SimpleNamespace(monotonic=lambda: clock.now, sleep=sleep))
+    as_rank(1, wait_seconds=7.5)
+    os.mkdir(tmp_path / "rank1")
     assert (tmp_path / "rank1").is_dir()
-    assert 0.5 <= waited < 5
-
-
-def test_python_m_hvdkeras_passes_hvdkeras_write_wait_to_the_wrap(monkeypatch, tmp_path):
-    import hvdkeras
-    from hvdkeras import __main__ as entry
-    from hvdkeras import wrap
-
-    seen = {}
-    monkeypatch.setattr(hvdkeras, "init", lambda: None)
-    monkeypatch.setattr(wrap, "install", lambda options, write_wait: seen.update(wait=write_wait))
-    monkeypatch.setenv("HVDKERAS_WRITE_WAIT", "7.5")
-    script = tmp_path / "script.py"
-    script.write_text("")
-    assert entry.main([str(script)]) == 0
-    assert seen == {"wait": 7.5}
+    assert 7.5 <= clock.now - 100.0 < 7.5 + 0.1  # the whole wait, in its 0.05 s steps, and no more
 
 
 def test_a_folder_from_before_the_job_still_raises(as_rank, tmp_path):
