@@ -27,7 +27,7 @@ $(STAMP): setup.cfg pyproject.toml scripts/install_horovod.sh Makefile
 	$(PY) -m pip install --quiet "$(TF_SPEC)" "keras>=3.0,<4" numpy
 	bash scripts/install_horovod.sh $(PY)
 	$(PY) -m pip install --quiet "$(TORCH_SPEC)" "$(RAY_SPEC)"
-	$(PY) -m pip install --quiet -e ".[test,examples,dev,torch,spark,ray]"
+	$(PY) -m pip install --quiet -e ".[test,dev,torch,spark,ray]"
 	$(PY) -m pip install --quiet --no-deps "$(TF_KERAS_SPEC)"
 	$(PY) $(LAB_PTH)
 	$(VENV)/bin/horovodrun --check-build
@@ -132,7 +132,7 @@ gpu-build: lab
 	$(GPU_PY) -m pip install --quiet --upgrade pip setuptools wheel
 	$(GPU_PY) -m pip install --quiet "$(GPU_TF_SPEC)" "keras>=3.0,<4" numpy
 	cuda_home=$$($(GPU_PY) scripts/cuda_toolkit.py $(GPU_PY) $(if $(CUDA_DEB_ARCHIVE),--archive $(CUDA_DEB_ARCHIVE))) && CUDA_HOME=$$cuda_home bash scripts/install_horovod.sh $(GPU_PY)
-	$(GPU_PY) -m pip install --quiet -e ".[test,examples]"
+	$(GPU_PY) -m pip install --quiet -e ".[test]"
 	$(GPU_PY) $(LAB_PTH)
 	$(GPU_VENV)/bin/horovodrun --check-build | tee $(GPU_VENV)/check-build.txt
 	grep -q '\[X\] NCCL' $(GPU_VENV)/check-build.txt

@@ -1,4 +1,4 @@
-"""Plain Keras 3 training on scikit-learn's bundled handwritten digits: no hvdkeras in sight.
+"""Plain Keras 3 training on the handwritten digits bundled beside it (examples/digits.csv.gz): no hvdkeras in sight.
 
 Single process:       python examples/plain_keras_digits.py
 Data-parallel:        hvdkeras run -np 2 examples/plain_keras_digits.py
@@ -12,8 +12,7 @@ import os
 
 import keras
 import numpy as np
-from _digits import cnn
-from sklearn.datasets import load_digits
+from _digits import cnn, load_digits
 
 parser = argparse.ArgumentParser(description=__doc__)
 parser.add_argument("--epochs", type=int, default=12)
@@ -22,7 +21,7 @@ parser.add_argument("--lr", type=float, default=1e-3)
 parser.add_argument("--out-dir", default="digits_out")
 args = parser.parse_args()
 
-x, y = load_digits(return_X_y=True)
+x, y = load_digits()
 x = (x / 16.0).reshape(-1, 8, 8, 1).astype("float32")
 order = np.random.default_rng(0).permutation(len(x))  # the validation split takes the last 20%
 x, y = x[order], y[order].astype("int64")

@@ -7,10 +7,10 @@ EXAMPLES is the examples/tensorflow2 folder of a checkout of Horovod's repositor
 Horovod's package). Each example below is copied into OUT with `import horovod.tensorflow as hvd` changed to
 `import hvdkeras as hvd`, nothing else, and run on 2 workers by horovodrun and by `hvdkeras run`, with a time
 limit. scripts/horovod_examples/sitecustomize.py records the weights of every model each rank made and gives
-`tf.keras.datasets.mnist.load_data` scikit-learn's digits (no download). Prints, per run, the exit code, the
-seconds, the last line the example printed, whether both ranks hold the same trainable weights (one model), and
-whether their non-trainable variables agree too (a BatchNormalization's moving statistics follow each worker's
-own batches, in Horovod as here); exits 1 when a run fails or the ranks' trainable weights differ.
+`tf.keras.datasets.mnist.load_data` the digits bundled with the examples (no download). Prints, per run, the exit
+code, the seconds, the last line the example printed, whether both ranks hold the same trainable weights (one
+model), and whether their non-trainable variables agree too (a BatchNormalization's moving statistics follow each
+worker's own batches, in Horovod as here); exits 1 when a run fails or the ranks' trainable weights differ.
 """
 
 from __future__ import annotations

@@ -4,8 +4,9 @@ Only where EXAMPLE_DIGESTS_DIR is set and the process is a worker (HOROVOD_RANK 
 - every Keras model the example makes is kept, and at exit this rank writes rank<R>.json into that folder: each
   model's name, parameter count, and a sha256 of its trainable and of its non-trainable variables (a
   BatchNormalization's moving statistics, which each worker updates from its own batches, as in Horovod);
-- `keras.datasets.mnist.load_data` returns scikit-learn's bundled 8x8 digits, scaled up to MNIST's 28x28
-  uint8 images (1,797 of them), since the worker cannot download MNIST.
+- `keras.datasets.mnist.load_data` returns the 8x8 digits bundled with hvdkeras's examples
+  (examples/digits.csv.gz), scaled up to MNIST's 28x28 uint8 images (1,797 of them), since the worker cannot
+  download MNIST.
 """
 
 import os
@@ -21,12 +22,18 @@ if os.environ.get("EXAMPLE_DIGESTS_DIR") and "HOROVOD_RANK" in os.environ:
     _models = []
 
     def _digits_as_mnist(path="mnist.npz"):
-        from sklearn.datasets import load_digits
+        import importlib.util
+        from pathlib import Path
 
-        digits = load_digits()
-        images = np.kron(digits.images * (255.0 / 16.0), np.ones((3, 3)))  # 24x24
+        # examples/_digits.py, loaded by its path: the examples folder is not a package.
+        where = Path(__file__).resolve().parents[2] / "examples" / "_digits.py"
+        spec = importlib.util.spec_from_file_location("_digits", where)
+        digits = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(digits)
+        pixels, target = digits.load_digits()
+        images = np.kron(pixels.reshape(-1, 8, 8) * (255.0 / 16.0), np.ones((3, 3)))  # 24x24
         images = np.pad(images, ((0, 0), (2, 2), (2, 2))).round().astype("uint8")
-        labels = digits.target.astype("uint8")
+        labels = target.astype("uint8")
         return (images, labels), (images, labels)
 
     def _install():
