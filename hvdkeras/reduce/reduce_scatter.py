@@ -14,7 +14,7 @@ rows of the others, so each worker owns about 1/N of the state (`Shard`). Every 
    each worker keeps its own part.
 2. Each worker's slice variables are set to their rows of the model's variables (`Shard.refresh`), and its
    optimizer updates the whole variables and slices it owns, in place.
-3. `after_apply`: the updated pieces are all-gathered into every worker's weights, one allgather per bucket,
+3. `after_apply`: the updated pieces are all-gathered into every worker's weights, one allgather per dtype,
    before the next forward pass.
 """
 
@@ -140,10 +140,15 @@ def all_gather_variables(variables: Sequence[Any], shard: Shard, options: Reduct
     `after`: tensors each allgather depends on (an empty slice of each is sent with it). In a traced step a
     control dependency is not enough: TensorFlow runs an allgather whose input is a constant at once.
     """
-    shared = [i for i, v in enumerate(variables) if not shard.is_local(v)]
+    by_dtype: dict[Any, list[int]] = {}
+    for i, v in enumerate(variables):
+        if not shard.is_local(v):
+            by_dtype.setdefault(v.dtype, []).append(i)
     anchors = [tf.reshape(t, [-1])[:0] for t in after]
-    for k, group in enumerate(balanced_groups(dense_groups(shared, variables, options), variables, shard.pieces_of,
-                                              shard.size)):
+    # One allgather per dtype, not one per bucket: the next forward pass needs every weight, so nothing waits on
+    # a bucket's share alone, and each collective costs a round of Horovod's coordination. Padding one buffer
+    # to its longest part sends no more than padding each bucket's to its own.
+    for k, group in enumerate(by_dtype.values()):
         per, lengths = parts(group, variables, shard.pieces_of, shard.size)
         dtype = variables[group[0]].dtype
         # Every worker sends the same number of elements, its part padded to the longest. With parts of
@@ -156,8 +161,8 @@ def all_gather_variables(variables: Sequence[Any], shard: Shard, options: Reduct
             flat = tf.pad(flat, [[0, longest - lengths[shard.rank]]])
         with tf.device(options.device_dense):
             full = C.allgather(flat, name=f"hvdkeras.weights.{k}", process_set=options.process_set)
-        # Every worker assigns every variable of the bucket from the gathered buffer, its own too (the same
-        # bits): a traced step would otherwise prune the allgather on a worker that owns the whole bucket.
+        # Every worker assigns every variable of the buffer from the gathered one, its own too (the same bits): a
+        # traced step would otherwise prune the allgather on a worker that owns all of the buffer's variables.
         found: dict[int, list] = {i: [] for i in group}
         for r, owned in enumerate(per):
             offset = r * longest

@@ -235,9 +235,10 @@ def test_balanced_groups_merge_single_variable_buckets_until_the_parts_are_even(
         assert sorted(shard.pieces[i][0].owner for i in group) == [0, 1]
 
 
-def test_the_gather_assigns_every_variable_on_every_worker_so_no_allgather_is_pruned(hvd):
-    """In a traced step, an allgather whose result nothing uses is pruned and the other workers wait forever:
-    each worker assigns the whole bucket from the buffer, its own variables too."""
+def test_one_gather_per_dtype_assigns_every_variable_on_every_worker_so_it_is_not_pruned(hvd):
+    """The weights of every bucket travel in one allgather per dtype. In a traced step, an allgather whose result
+    nothing uses is pruned and the other workers wait forever: each worker assigns every variable from the
+    buffer, its own too."""
     model = stack((4, 8, 16, 8))
     variables = model.trainable_variables
     options = ReductionOptions(bucket_bytes=1)
@@ -252,6 +253,6 @@ def test_the_gather_assigns_every_variable_on_every_worker_so_no_allgather_is_pr
     assigns = [op for op in graph.get_operations() if op.type == "AssignVariableOp"]
     groups = reduce_scatter.balanced_groups(dense_groups(list(range(len(variables))), variables, options),
                                             variables, shard.pieces_of, shard.size)
-    assert len(gathers) == len(groups) > 1 and len(assigns) == len(variables)
+    assert len(groups) > 1 and len(gathers) == 1 and len(assigns) == len(variables)
     for op in gathers:  # every gathered buffer feeds an assignment
         assert any(consumer.type != "NoOp" for out in op.outputs for consumer in out.consumers())
