@@ -64,6 +64,7 @@ def dump_and_kill(pid: int) -> None:
 
 
 def base_env(out_dir: Path, extra: dict | None = None) -> dict:
+    """The environment of a launch: this process's, with the settings every test job shares, then `extra`."""
     env = dict(os.environ)
     env.update(
         HVDKERAS_TEST_OUT=str(out_dir),
@@ -78,8 +79,17 @@ def base_env(out_dir: Path, extra: dict | None = None) -> dict:
         # Buckets of 256 bytes: the test models are small, and with the default (64 KiB) each would be reduced
         # in one allreduce; this way every 2-worker test also runs the bucketed, overlapped reduction.
         HVDKERAS_BUCKET_BYTES="256",
+        # Horovod's coordination cycle at 5 ms, not its default 1 ms: an idle worker's background thread then
+        # takes about 5% of a core, not 14%, and the suite's launches share two cores. (Across hosts hvdkeras
+        # sets 5 ms itself; the test of that removes this one.)
+        HOROVOD_CYCLE_TIME="5",
     )
-    env.update(extra or {})
+    # A value of None in `extra` removes that variable.
+    for name, value in (extra or {}).items():
+        if value is None:
+            env.pop(name, None)
+        else:
+            env[name] = value
     return env
 
 

@@ -40,6 +40,8 @@ def test_ssh_less_run_on_each_host_forms_one_job(hosts, tmp_path, kind):
     trains, and the secret appears in no command line and no output."""
     port = 29610 + SCRIPTS.index(kind)
     extra, env, started, secret = (), dict(PER_RANK_DIR_ENV), [], None
+    if kind == "init":  # hvdkeras's own cycle time across hosts is checked below, not the harness's
+        env["HOROVOD_CYCLE_TIME"] = None
     if kind == "plain":
         secret = os.urandom(32).hex()
         secret_file = tmp_path / "secret"
