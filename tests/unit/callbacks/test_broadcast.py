@@ -4,6 +4,7 @@ variables) and when the workers' models are compared, against the faked seam."""
 import keras
 import numpy as np
 import pytest
+import tensorflow as tf
 
 from hvdkeras import collectives
 from hvdkeras.callbacks import broadcast
@@ -45,6 +46,43 @@ def test_a_model_built_at_its_first_step_is_recognised():
             return {}
 
     assert broadcast.builds_at_first_step(OwnStep())
+
+
+def test_a_custom_train_step_is_traced_ahead_as_keras_traces_it_without_autograph():
+    """create_step_variables traces a custom train_step as Keras's fit does (not converted by AutoGraph), and the
+    trace creates the variables the step creates."""
+    from tensorflow.python.autograph.core import ag_ctx
+
+    seen = []
+
+    class OwnStep(keras.Model):
+        def __init__(self):
+            super().__init__()
+            self.dense = keras.layers.Dense(2)
+
+        def call(self, x):
+            return self.dense(x)
+
+        def train_step(self, data):
+            seen.append(ag_ctx.control_status_ctx().status)
+            x, y = data
+            with tf.GradientTape() as tape:
+                loss = keras.ops.mean((self(x) - y) ** 2)
+            self.optimizer.apply(tape.gradient(loss, self.trainable_variables), self.trainable_variables)
+            return {"loss": loss}
+
+    x, y = np.ones((4, 3), "float32"), np.ones((4, 2), "float32")
+    keras_model = OwnStep()
+    keras_model.compile(optimizer=keras.optimizers.Adam(), loss="mse")
+    keras_model.fit(x, y, epochs=1, verbose=0)
+    under_keras = set(seen)
+    seen.clear()
+    model = OwnStep()
+    model.compile(optimizer=keras.optimizers.Adam(), loss="mse")
+    broadcast.create_step_variables(model, model.train_step, (tf.constant(x), tf.constant(y)))
+    assert seen and set(seen) == under_keras and ag_ctx.Status.ENABLED not in under_keras
+    assert model.built and model.optimizer.built
+    assert len(model.optimizer.variables) == len(keras_model.optimizer.variables)
 
 
 @pytest.mark.parametrize("given, variable, checks", [(None, None, True), (None, "0", False), (False, None, False),
