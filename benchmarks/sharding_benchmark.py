@@ -39,22 +39,29 @@ def _env() -> dict:
                 PYTHONPATH=str(REPO))
 
 
+def launch(n: int, script: Path, args: list[str], timeout: float = 600, may_fail: bool = False) -> list | None:
+    """Runs `script OUT *args` on n workers of this host (horovodrun over Gloo) and returns each rank's
+    OUT/rank<r>.json, in rank order. A failed job exits with its output, or returns None when `may_fail`."""
+    with tempfile.TemporaryDirectory() as out:
+        cmd = [str(BIN / "horovodrun"), "-np", str(n), "-H", f"localhost:{n}", "--gloo", sys.executable,
+               str(script), out, *args]
+        done = subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=timeout)
+        paths = sorted(Path(out).glob("rank*.json"))
+        if done.returncode != 0 or len(paths) != n:
+            if not may_fail:
+                raise SystemExit(f"{' '.join(cmd)} exited {done.returncode}:\n{(done.stdout + done.stderr)[-6000:]}")
+            return None
+        return [json.loads(p.read_text()) for p in paths]
+
+
 def run(n: int, width: int, shard: bool, steps: int, cgroup: str | None = None, timeout: float = 600,
         extra: tuple[str, ...] = ()) -> list | None:
     """Each rank's measurements, or None when the job failed (with a cgroup: a worker ran out of memory).
     `extra`: more of the worker's arguments (--model, --batch, --whole)."""
-    with tempfile.TemporaryDirectory() as out:
-        cmd = [str(BIN / "horovodrun"), "-np", str(n), "-H", f"localhost:{n}", "--gloo", sys.executable,
-               str(WORKER), out, "--width", str(width), "--layers", str(LAYERS), "--steps", str(steps), *extra]
-        cmd += ["--shard"] if shard else []
-        cmd += ["--cgroup", cgroup] if cgroup else []
-        done = subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=timeout)
-        paths = sorted(Path(out).glob("rank*.json"))
-        if done.returncode != 0 or len(paths) != n:
-            if cgroup is None:
-                raise SystemExit(f"{' '.join(cmd)} exited {done.returncode}:\n{(done.stdout + done.stderr)[-6000:]}")
-            return None
-        return [json.loads(p.read_text()) for p in paths]
+    args = ["--width", str(width), "--layers", str(LAYERS), "--steps", str(steps), *extra]
+    args += ["--shard"] if shard else []
+    args += ["--cgroup", cgroup] if cgroup else []
+    return launch(n, WORKER, args, timeout=timeout, may_fail=cgroup is not None)
 
 
 def memory_table(steps: int) -> list[dict]:

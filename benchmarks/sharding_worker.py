@@ -39,29 +39,15 @@ if args.cgroup:
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
+from balance_models import make_batch, make_model  # noqa: E402 (TensorFlow after the cgroup move)
 
 import hvdkeras as hvd  # noqa: E402
 from hvdkeras.reduce import sharded_state  # noqa: E402
 
 hvd.init()
 keras.utils.set_random_seed(0)
-if args.model == "mlp":
-    model = keras.Sequential([keras.Input((32,)), keras.layers.Dense(256, activation="relu"),
-                              keras.layers.Dense(256, activation="relu"), keras.layers.Dense(4)])
-    x = tf.random.stateless_normal((args.batch, 32), seed=(1, hvd.rank()))
-    y = tf.random.stateless_normal((args.batch, 4), seed=(2, hvd.rank()))
-elif args.model == "embedding":
-    model = keras.Sequential([keras.Input((8,), dtype="int32"), keras.layers.Embedding(2000, 64),
-                              keras.layers.GlobalAveragePooling1D(), keras.layers.Dense(512, activation="relu"),
-                              keras.layers.Dense(512, activation="relu"), keras.layers.Dense(4)])
-    x = tf.random.stateless_uniform((args.batch, 8), seed=(1, hvd.rank()), maxval=2000, dtype="int32")
-    y = tf.random.stateless_normal((args.batch, 4), seed=(2, hvd.rank()))
-else:
-    model = keras.Sequential([keras.Input((args.width,))]
-                             + [keras.layers.Dense(args.width, activation="relu") for _ in range(args.layers - 1)]
-                             + [keras.layers.Dense(args.width)])
-    x = tf.random.stateless_normal((args.batch, args.width), seed=(1, hvd.rank()))
-    y = x
+model = make_model(args.model, args.width, args.layers)
+x, y = make_batch(args.model, args.batch, hvd.rank(), args.width)
 opt = hvd.DistributedOptimizer(keras.optimizers.Adam(1e-4), shard_optimizer_state=args.shard)
 if args.whole:
     opt.reducer.optimizer_state.split_variables = False
