@@ -88,7 +88,8 @@ shardbench: install lab
 	$(PY) benchmarks/sharding_benchmark.py --out docs --hosts 200mbit
 
 # ZeRO's balance: the largest worker's share of the optimizer state, variables cut into pieces against owned
-# whole and against unsharded, on an MLP with a dominant kernel and a model with a 30% embedding, N = 2 and 4;
+# whole and against unsharded, on an MLP with a dominant kernel and a model with a 30% embedding, N = 2 and 4,
+# and the step time of each way, the ways taking turns in one job per configuration (about 17 minutes here);
 # writes docs/sharding_balance.json.
 balancebench: install
 	$(PY) benchmarks/balance_benchmark.py --out docs

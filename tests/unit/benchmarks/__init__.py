@@ -13,7 +13,7 @@ def load(name: str):
         return sys.modules[name]
     needs = {"step_timeline": ["network_benchmark"], "slowlink_benchmark": ["network_benchmark"],
              "stall_benchmark": ["network_benchmark"],
-             "net_worker": ["peer_loops"]}.get(name, [])
+             "net_worker": ["peer_loops"], "balance_benchmark": ["sharding_benchmark"]}.get(name, [])
     for other in needs:
         load(other)
     spec = importlib.util.spec_from_file_location(name, BENCHMARKS / f"{name}.py")
