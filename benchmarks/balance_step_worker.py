@@ -63,6 +63,8 @@ def build(way: str) -> keras.Model:
 
 
 class Timer(keras.callbacks.Callback):
+    """Records each training step's duration, from Keras's batch-begin to its batch-end."""
+
     def __init__(self):
         super().__init__()
         self.times = []
