@@ -14,8 +14,8 @@ rows of the others, so each worker owns about 1/N of the state (`Shard`). Every 
    each worker keeps its own part.
 2. Each worker's slice variables are set to their rows of the model's variables (`Shard.refresh`), and its
    optimizer updates the whole variables and slices it owns, in place.
-3. `after_apply`: the updated pieces are all-gathered into every worker's weights, one allgather per dtype,
-   before the next forward pass.
+3. `after_apply`: the updated pieces are all-gathered into every worker's weights, one allgather per dtype
+   (above GATHER_BYTES of a dtype, one per group of step 1), before the next forward pass.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ import tensorflow as tf
 from hvdkeras import _collectives as C
 from hvdkeras.reduce.allreduce import allgather_sparse, allreduce_group, reduce_gradients, scale_local
 from hvdkeras.reduce.base import Reduced, Reducer
-from hvdkeras.reduce.groups import balanced_groups, dense_groups, parts, row_elements
+from hvdkeras.reduce.groups import balanced_groups, dense_groups, nbytes, parts, row_elements
 from hvdkeras.reduce.options import ReductionOptions
 from hvdkeras.reduce.shard import Shard, covers, pack, piece_rows
 from hvdkeras.reduce.sharded_state import ShardedState
@@ -132,6 +132,12 @@ def _reduce_scatter_group(out: list, group: list[int], variables: Sequence[Any],
 
 
 # -------------------------------------------------------------------------------------------------- weights
+# Above this many bytes of weights of one dtype, they are all-gathered in the reduce-scatter's groups, not in one
+# buffer: one allgather of a whole large model raised the peak memory per worker (8 x Dense(3584), Adam, N = 2:
+# 3.00 GiB against 2.55 GiB in its groups), which sharding exists to lower. 64 MiB is Horovod's fusion buffer.
+GATHER_BYTES = 64 << 20
+
+
 def all_gather_variables(variables: Sequence[Any], shard: Shard, options: ReductionOptions,
                          after: Sequence[Any] = ()) -> None:
     """Sets every worker's copy of `variables` (shared ones, updated in pieces by their owners) to the owners'
@@ -147,8 +153,14 @@ def all_gather_variables(variables: Sequence[Any], shard: Shard, options: Reduct
     anchors = [tf.reshape(t, [-1])[:0] for t in after]
     # One allgather per dtype, not one per bucket: the next forward pass needs every weight, so nothing waits on
     # a bucket's share alone, and each collective costs a round of Horovod's coordination. Padding one buffer
-    # to its longest part sends no more than padding each bucket's to its own.
-    for k, group in enumerate(by_dtype.values()):
+    # to its longest part sends no more than padding each bucket's to its own. A large model: GATHER_BYTES.
+    groups = []
+    for same in by_dtype.values():
+        if sum(nbytes(variables[i]) for i in same) <= GATHER_BYTES:
+            groups.append(same)
+        else:
+            groups += balanced_groups(dense_groups(same, variables, options), variables, shard.pieces_of, shard.size)
+    for k, group in enumerate(groups):
         per, lengths = parts(group, variables, shard.pieces_of, shard.size)
         dtype = variables[group[0]].dtype
         # Every worker sends the same number of elements, its part padded to the longest. With parts of

@@ -256,3 +256,35 @@ def test_one_gather_per_dtype_assigns_every_variable_on_every_worker_so_it_is_no
     assert len(groups) > 1 and len(gathers) == 1 and len(assigns) == len(variables)
     for op in gathers:  # every gathered buffer feeds an assignment
         assert any(consumer.type != "NoOp" for out in op.outputs for consumer in out.consumers())
+
+
+def test_weights_over_gather_bytes_travel_in_the_reduce_scatter_groups(hvd, monkeypatch):
+    """Above GATHER_BYTES of one dtype the weights are all-gathered group by group, as the reduce-scatter groups
+    them, so that no worker holds a gathered copy of a large model at once; each buffer still feeds every one of
+    its variables' assignments."""
+    model = stack((4, 8, 16, 8))
+    variables = model.trainable_variables
+    options = ReductionOptions(bucket_bytes=1)
+    shard = Shard.make(variables, options, frozenset(), 0, 2)
+    total = sum(int(np.prod(v.shape)) * 4 for v in variables)
+    groups = reduce_scatter.balanced_groups(dense_groups(list(range(len(variables))), variables, options),
+                                            variables, shard.pieces_of, shard.size)
+
+    def gathers_and_assigns():
+        @tf.function
+        def step():
+            reduce_scatter.all_gather_variables(variables, shard, options)
+
+        graph = step.get_concrete_function().graph
+        ops = graph.get_operations()
+        return ([op for op in ops if op.type == "HorovodAllgather"],
+                [op for op in ops if op.type == "AssignVariableOp"])
+
+    monkeypatch.setattr(reduce_scatter, "GATHER_BYTES", total)  # at the limit: one buffer
+    gathers, assigns = gathers_and_assigns()
+    assert len(gathers) == 1 and len(assigns) == len(variables)
+    monkeypatch.setattr(reduce_scatter, "GATHER_BYTES", total - 1)  # over it: one per group
+    gathers, assigns = gathers_and_assigns()
+    assert len(groups) > 1 and len(gathers) == len(groups) and len(assigns) == len(variables)
+    for op in gathers:
+        assert any(consumer.type != "NoOp" for out in op.outputs for consumer in out.consumers())
